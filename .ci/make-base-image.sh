@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Build the local base image local/debian:bookworm (no registry is reachable here):
+#   debootstrap --variant=minbase bookworm ROOTFS MIRROR  ->  tar  ->  docker import
+# MIRROR is read from apt's own sources on this machine. Does nothing when the image
+# already exists (pass --force to rebuild). The rootfs is made to look like Docker
+# Hub's debian:bookworm: minbase, deb822 sources for bookworm, -updates and -security,
+# empty apt lists, no machine-specific files, normalised file times.
+set -euo pipefail
+
+TAG="${ENVBUILDER_BASE_IMAGE:-local/debian:bookworm}"
+SUITE=bookworm
+DOCKER="${DOCKER:-/usr/bin/docker}"
+[ -x "$DOCKER" ] || DOCKER="$(command -v docker)"
+FORCE=0
+[ "${1:-}" = "--force" ] && FORCE=1
+
+# One build at a time on this machine.
+exec 9>/var/lock/envbuilder-base-image.lock
+flock -w 600 9
+
+if [ "$FORCE" = 0 ] && "$DOCKER" image inspect "$TAG" >/dev/null 2>&1; then
+    echo "make-base-image: $TAG exists ($("$DOCKER" image inspect -f '{{.Id}}' "$TAG"))"
+    exit 0
+fi
+
+command -v debootstrap >/dev/null || { echo "make-base-image: debootstrap missing (run .ci/install-system.sh)" >&2; exit 1; }
+
+# Debian mirror URLs from apt's own configuration (the same archive the host uses).
+# shellcheck disable=SC2016  # $(...) is apt's format syntax, not the shell's
+targets="$(apt-get indextargets --format '$(REPO_URI) $(RELEASE)' 2>/dev/null | sort -u || true)"
+MIRROR="${DEBIAN_MIRROR:-$(awk -v s="$SUITE" '$2 == s {print $1; exit}' <<<"$targets")}"
+SECURITY_MIRROR="${DEBIAN_SECURITY_MIRROR:-$(awk -v s="$SUITE-security" '$2 == s {print $1; exit}' <<<"$targets")}"
+if [ -z "$MIRROR" ]; then
+    # No downloaded lists yet: read the URIs from the sources files themselves.
+    MIRROR="$(grep -rhoE '(URIs:|^deb)[[:space:]]+[^[:space:]]*debian/?([[:space:]]|$)' \
+        /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null | awk '{print $2; exit}' || true)"
+fi
+MIRROR="${MIRROR:-http://deb.debian.org/debian}"
+MIRROR="${MIRROR%/}"
+SECURITY_MIRROR="${SECURITY_MIRROR:-${MIRROR%/debian}/debian-security}"
+SECURITY_MIRROR="${SECURITY_MIRROR%/}"
+echo "make-base-image: mirror $MIRROR, security $SECURITY_MIRROR"
+
+WORK="$(mktemp -d /var/tmp/envbuilder-rootfs.XXXXXX)"
+trap 'rm -rf "$WORK"' EXIT
+ROOT="$WORK/rootfs"
+
+start=$SECONDS
+debootstrap --variant=minbase "$SUITE" "$ROOT" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 || {
+    tail -n 40 "$WORK/debootstrap.log" >&2
+    echo "make-base-image: debootstrap failed" >&2
+    exit 1
+}
+
+# apt sources inside the image (as in Docker Hub's debian:bookworm).
+rm -f "$ROOT/etc/apt/sources.list"
+cat >"$ROOT/etc/apt/sources.list.d/debian.sources" <<SRC
+Types: deb
+URIs: $MIRROR
+Suites: $SUITE $SUITE-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: $SECURITY_MIRROR
+Suites: $SUITE-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+# Container-friendly apt settings, as the official image has them.
+cat >"$ROOT/etc/apt/apt.conf.d/docker-clean" <<'CONF'
+DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+Dir::Cache::pkgcache "";
+Dir::Cache::srcpkgcache "";
+CONF
+echo 'Acquire::Languages "none";' >"$ROOT/etc/apt/apt.conf.d/docker-no-languages"
+echo 'Acquire::GzipIndexes "true";' >"$ROOT/etc/apt/apt.conf.d/docker-gzip-indexes"
+echo 'APT::AutoRemove::SuggestsImportant "false";' >"$ROOT/etc/apt/apt.conf.d/docker-autoremove-suggests"
+
+# Drop what is machine- or time-specific.
+rm -rf "${ROOT:?}"/var/lib/apt/lists/* "${ROOT:?}"/var/cache/apt/*.bin "${ROOT:?}"/var/cache/apt/archives/*.deb \
+       "${ROOT:?}"/var/log/* "${ROOT:?}"/tmp/* "${ROOT:?}"/var/tmp/* "${ROOT:?}"/var/cache/ldconfig/aux-cache \
+       "${ROOT:?}"/etc/hostname "${ROOT:?}"/etc/resolv.conf "${ROOT:?}"/dev/*
+: >"$ROOT/etc/machine-id"
+mkdir -p "$ROOT/var/lib/apt/lists/partial"
+
+# Normalised tar stream: same packages -> same bytes -> same layer digest.
+EPOCH="${SOURCE_DATE_EPOCH:-1704067200}"   # 2024-01-01
+tar -C "$ROOT" --sort=name --numeric-owner --mtime="@$EPOCH" --clamp-mtime \
+    --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
+    -cf "$WORK/rootfs.tar" .
+ROOTFS_SHA="$(sha256sum "$WORK/rootfs.tar" | cut -d' ' -f1)"
+# shellcheck disable=SC2016
+PKGS_SHA="$(chroot "$ROOT" dpkg-query -W -f='${Package}=${Version}\n' | sort | sha256sum | cut -d' ' -f1)"
+
+# Load it as a hand-written image archive (docker save format) rather than with
+# `docker import`, whose config carries the current time: with a fixed "created" the
+# image ID is a function of the rootfs alone (same packages -> same image ID).
+OLD_ID="$("$DOCKER" image inspect -f '{{.Id}}' "$TAG" 2>/dev/null || true)"
+mkdir -p "$WORK/image/layer"
+mv "$WORK/rootfs.tar" "$WORK/image/layer/layer.tar"
+python3 - "$WORK/image" "$TAG" "$ROOTFS_SHA" "$PKGS_SHA" "$MIRROR" "$SUITE" "$EPOCH" <<'PY'
+import datetime, hashlib, json, os, sys
+out, tag, rootfs_sha, pkgs_sha, mirror, suite, epoch = sys.argv[1:]
+created = datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+config = {
+    "architecture": "amd64",
+    "os": "linux",
+    "created": created,
+    "config": {
+        "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+        "Cmd": ["bash"],
+        "Labels": {
+            "org.envbuilder.base.mirror": mirror,
+            "org.envbuilder.base.suite": suite,
+            "org.envbuilder.base.rootfs-sha256": rootfs_sha,
+            "org.envbuilder.base.packages-sha256": pkgs_sha,
+        },
+    },
+    "rootfs": {"type": "layers", "diff_ids": ["sha256:" + rootfs_sha]},
+    "history": [{"created": created,
+                 "created_by": f"debootstrap --variant=minbase {suite} {mirror}"}],
+}
+data = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+name = hashlib.sha256(data).hexdigest() + ".json"
+with open(os.path.join(out, name), "wb") as f:
+    f.write(data)
+with open(os.path.join(out, "manifest.json"), "w") as f:
+    json.dump([{"Config": name, "RepoTags": [tag], "Layers": ["layer/layer.tar"]}], f)
+PY
+tar -C "$WORK/image" -c . | "$DOCKER" load >/dev/null
+
+ID="$("$DOCKER" image inspect -f '{{.Id}}' "$TAG")"
+echo "make-base-image: built $TAG in $((SECONDS - start))s"
+echo "make-base-image:   image id      $ID"
+echo "make-base-image:   rootfs layer  sha256:$ROOTFS_SHA"
+echo "make-base-image:   package list  sha256:$PKGS_SHA"
+# A forced rebuild that changed the image leaves the old one untagged: drop it if unused.
+if [ -n "$OLD_ID" ] && [ "$OLD_ID" != "$ID" ]; then
+    "$DOCKER" image rm "$OLD_ID" >/dev/null 2>&1 || true
+fi

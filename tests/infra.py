@@ -1,0 +1,126 @@
+"""Helpers for tests that need the machine's real engines (Docker, Slurm).
+
+Plain module, not a conftest: ``from tests.infra import require_docker`` or
+``from infra import ...`` (pytest puts ``tests/`` on ``sys.path`` in rootdir mode).
+
+Policy: on a developer's machine a missing engine *skips* the test with the reason.
+In CI (``.ci/run`` exports ``ENVBUILDER_REQUIRE_ENGINES=1``) a missing engine is a
+*failure*: CI sets the engines up, so a skip there would hide a broken set-up.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from typing import Optional
+
+import pytest
+
+BASE_IMAGE = os.environ.get("ENVBUILDER_BASE_IMAGE", "local/debian:bookworm")
+REQUIRE_ENV = "ENVBUILDER_REQUIRE_ENGINES"
+
+# Debian's docker CLI (20.10) has BuildKit built in. A newer CLI without the buildx
+# plugin may come first in PATH (/usr/local/bin/docker on these machines) and then
+# refuses DOCKER_BUILDKIT=1 builds, so prefer Debian's.
+DOCKER_CLI = os.environ.get("ENVBUILDER_DOCKER_CLI") or (
+    "/usr/bin/docker" if os.access("/usr/bin/docker", os.X_OK) else (shutil.which("docker") or "docker")
+)
+
+
+def engines_required() -> bool:
+    """True when a missing engine must fail the test (CI), not skip it."""
+    return os.environ.get(REQUIRE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _unavailable(what: str, reason: str, fix: str) -> None:
+    msg = f"{what} not available: {reason}"
+    if engines_required():
+        pytest.fail(f"{msg} ({REQUIRE_ENV}=1, so this is a failure; {fix})", pytrace=False)
+    pytest.skip(f"{msg} ({fix})")
+
+
+# --------------------------------------------------------------------------- docker
+@functools.lru_cache(maxsize=1)
+def _docker_probe() -> tuple[Optional[object], str]:
+    try:
+        import docker  # type: ignore
+    except ImportError as exc:  # pragma: no cover - docker is a dependency
+        return None, f"docker SDK not importable ({exc})"
+    try:
+        client = docker.from_env(timeout=30)
+        client.ping()
+        return client, ""
+    except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
+        return None, f"engine not reachable ({type(exc).__name__}: {exc})"
+
+
+def docker_client():
+    """A docker SDK client; skips (or fails under ENVBUILDER_REQUIRE_ENGINES=1)
+    when the engine does not answer."""
+    client, reason = _docker_probe()
+    if client is None:
+        _unavailable("Docker", reason, "run .ci/install-system.sh and .ci/start-docker.sh")
+    return client
+
+
+def require_docker():
+    """Same as docker_client(): returns the client, or fails in CI / skips elsewhere."""
+    return docker_client()
+
+
+def docker_cli() -> str:
+    """Path of the docker CLI to use for BuildKit builds (``DOCKER_BUILDKIT=1``)."""
+    return DOCKER_CLI
+
+
+def base_image() -> str:
+    """The tag of the local base image, after checking that the engine has it."""
+    client = docker_client()
+    try:
+        client.images.get(BASE_IMAGE)
+    except Exception as exc:  # noqa: BLE001 - docker.errors.ImageNotFound and others
+        _unavailable(
+            f"Base image {BASE_IMAGE}",
+            f"{type(exc).__name__}: {exc}",
+            "run .ci/make-base-image.sh",
+        )
+    return BASE_IMAGE
+
+
+# --------------------------------------------------------------------------- slurm
+@functools.lru_cache(maxsize=1)
+def _slurm_probe() -> str:
+    sinfo = shutil.which("sinfo")
+    if not sinfo:
+        return "sinfo not installed"
+    try:
+        proc = subprocess.run(
+            [sinfo, "-h", "-o", "%T"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"sinfo failed ({exc})"
+    if proc.returncode != 0:
+        return f"sinfo exited {proc.returncode}: {proc.stderr.strip()[:300]}"
+    states = proc.stdout.split()
+    usable = [s for s in states if s.rstrip("*~#") in ("idle", "mixed", "allocated", "completing")
+              and not s.endswith("*")]
+    if not usable:
+        return f"no usable node (states: {' '.join(states) or 'none'})"
+    return ""
+
+
+def require_slurm() -> None:
+    """Checks that a Slurm controller answers and a node is up; skips (or fails
+    under ENVBUILDER_REQUIRE_ENGINES=1) otherwise."""
+    reason = _slurm_probe()
+    if reason:
+        _unavailable("Slurm", reason, "run .ci/install-system.sh and .ci/start-slurm.sh")
+
+
+def require_binary(name: str, fix: str = "run .ci/install-system.sh") -> str:
+    """Path of a host program (mpirun, shellcheck, ch-run...), with the same policy."""
+    path = shutil.which(name)
+    if not path:
+        _unavailable(name, "not on PATH", fix)
+    return path  # type: ignore[return-value]

@@ -1,0 +1,182 @@
+"""The `envbuilder` command line. Exit codes: 0 ok, 1 a check failed, 2 bad input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import __version__
+from .errors import EXIT_BAD_INPUT, EnvbuilderError
+
+COMMANDS = {}
+
+
+def command(name, help_):
+    def deco(fn):
+        COMMANDS[name] = (fn, help_)
+        return fn
+    return deco
+
+
+def _print_json(data) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def _warn(findings, as_json: bool) -> None:
+    if as_json:
+        return
+    for f in findings:
+        print(f"{f.level}: {f.field}: {f.reason}" + (f" ({f.fix})" if f.fix else ""), file=sys.stderr)
+
+
+# --- check / build ------------------------------------------------------------------------------
+
+def _add_spec_arg(p):
+    p.add_argument("spec", help="the YAML spec (recipes/ holds examples)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+@command("check", "validate a spec against the compatibility rules (writes nothing)")
+def cmd_check(args) -> int:
+    from .resolve import resolve
+    from .spec import load_spec
+
+    stack = resolve(load_spec(args.spec))
+    if args.json:
+        _print_json({"ok": True, "spec": args.spec, "findings": [f.as_dict() for f in stack.findings]})
+    else:
+        _warn(stack.findings, False)
+        print(f"{args.spec}: ok ({stack.spec.framework.name} {stack.spec.framework.version}, base {stack.base})")
+    return 0
+
+
+def _build_args(p):
+    _add_spec_arg(p)
+    p.add_argument("--out", help="output folder (default: images/<name>)")
+    p.add_argument("--no-build", action="store_true", help="write the files only; no container engine needed")
+    p.add_argument("--engine", choices=["docker", "apptainer"], default="docker")
+    p.add_argument("--ca-bundle", help="CA bundle the build trusts (TLS-intercepting proxies); never stored in the image")
+    p.add_argument("--wheelhouse", help="folder of local wheels pip uses first (offline sites)")
+    p.add_argument("--tag", help="image tag (default: envbuilder/<name>:<spec hash>)")
+
+
+@command("build", "check a spec, write Dockerfile, Apptainer.def, job.sbatch, manifest.json; build the image")
+def cmd_build(args) -> int:
+    from .generate import generate
+    from .output import write_folder
+    from .spec import load_spec
+
+    spec = load_spec(args.spec)
+    out = generate(spec)
+    folder = Path(args.out) if args.out else Path("images") / spec.name
+    written = write_folder(folder, out.files)
+    shown = sorted({str(folder / p.relative_to(folder).parts[0]) for p in written})
+    result = {"ok": True, "folder": str(folder), "files": shown,
+              "findings": [f.as_dict() for f in out.stack.findings]}
+    if not args.json:
+        _warn(out.stack.findings, False)
+        print(f"wrote {folder}/")
+        for name in shown:
+            print(f"  {name}")
+    if not args.no_build:
+        from .engines import build_image
+
+        result["image"] = build_image(folder, out, args)
+    if args.json:
+        _print_json(result)
+    return 0
+
+
+# --- presets / schema ---------------------------------------------------------------------------
+
+@command("presets", "list the known-good stacks (recipes/) with their full version sets")
+def cmd_presets(args) -> int:
+    from .presets import describe, load_presets
+    from .render.manifest import expected
+    from .resolve import resolve
+
+    rows = []
+    for path, spec in load_presets():
+        stack = resolve(spec)
+        rows.append({"name": spec.name, "recipe": f"recipes/{path.name}", "summary": describe(spec),
+                     "base": stack.base, "versions": expected(stack)})
+    if args.json:
+        _print_json(rows)
+        return 0
+    for r in rows:
+        v = r["versions"]
+        print(f"{r['name']}  ({r['recipe']})")
+        print(f"    {r['summary']}")
+        extra = [f"base {r['base']}"]
+        if v["nccl"]:
+            extra.append(f"NCCL {v['nccl']}")
+        if v["cudnn"]:
+            extra.append(f"cuDNN {v['cudnn']}")
+        if v["horovod"]:
+            extra.append("Horovod ops " + ",".join(v["horovod"]["operations"]))
+        print("    " + "; ".join(extra))
+    return 0
+
+
+@command("schema", "print the spec's JSON Schema (for editors)")
+def cmd_schema(args) -> int:
+    from .schema import json_schema
+
+    _print_json(json_schema())
+    return 0
+
+
+# --- verify (the smoke suite) -------------------------------------------------------------------
+
+def _verify_args(p):
+    try:  # TEMP while verify/ lands
+        from .verify.cli import add_arguments
+    except ImportError:
+        return
+    add_arguments(p)
+
+
+@command("verify", "run the smoke suite in an image (or on the host) and report")
+def cmd_verify(args) -> int:
+    from .verify.cli import run
+
+    return run(args)
+
+
+ARGS = {"check": _add_spec_arg, "build": _build_args, "presets": lambda p: p.add_argument(
+    "--json", action="store_true", help="machine-readable output"), "schema": lambda p: None,
+        "verify": _verify_args}
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="envbuilder",
+        description="One YAML spec -> a validated deep-learning container for HPC and its Slurm job.")
+    parser.add_argument("--version", action="version", version=f"envbuilder {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (fn, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        ARGS[name](p)
+        p.set_defaults(func=fn)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    try:
+        return args.func(args)
+    except EnvbuilderError as exc:
+        if getattr(args, "json", False):
+            _print_json({"ok": False, **exc.as_dict()})
+        else:
+            print(f"error: {exc.message()}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

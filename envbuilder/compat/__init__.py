@@ -1,0 +1,1 @@
+"""Compatibility knowledge: the version catalog (data, with sources) and the rules over it."""

@@ -1,0 +1,410 @@
+"""Rules over a spec and the catalog: each finding gives a reason, a fix and its sources.
+
+A rule is a function ``(spec, ctx) -> iterable of Finding``. Errors stop the build;
+warnings are printed and recorded in the manifest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import EnvbuilderError, SpecErrors
+from ..spec import Spec
+from ..versions import cmp, major, matches, minor, release, satisfies
+from .catalog import Catalog, load_catalog
+
+ERROR, WARN, INFO = "error", "warning", "info"
+
+
+@dataclass
+class Finding:
+    rule: str
+    level: str
+    field: str
+    reason: str
+    fix: str = ""
+    sources: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"rule": self.rule, "level": self.level, "field": self.field,
+                "reason": self.reason, "fix": self.fix, "sources": self.sources}
+
+
+@dataclass
+class Context:
+    catalog: Catalog
+    base: str
+    os_name: str | None
+    ngc: dict | None
+
+
+RULES = []
+
+
+def rule(fn):
+    RULES.append(fn)
+    return fn
+
+
+def _range_text(r) -> str:
+    return f"{r[0]} to {r[1]}"
+
+
+def _in_range(py: str, r) -> bool:
+    return cmp(py, r[0]) >= 0 and cmp(minor(py), r[1]) <= 0
+
+
+# --- framework ----------------------------------------------------------------------------------
+
+@rule
+def framework_release(spec: Spec, ctx: Context):
+    fw = spec.framework
+    if ctx.ngc:
+        return
+    if fw.name == "intel-tensorflow":
+        last = ctx.catalog.framework("intel-tensorflow")["last"]
+        if cmp(fw.version, last) > 0:
+            yield Finding("INTEL_TF_MAX", ERROR, "framework.version",
+                          f"intel-tensorflow {fw.version} does not exist: {last} is the last release",
+                          f"use framework: {{name: tensorflow-cpu, version: \"{fw.version}\"}} "
+                          "(stock TensorFlow has had Intel's oneDNN optimisations on by default since 2.9), "
+                          f"or intel-tensorflow {last}", ["intel_tf_pypi"])
+            return
+    entry = ctx.catalog.framework_release(fw.name, fw.version)
+    if entry is None:
+        known = ", ".join(ctx.catalog.framework_releases(fw.name))
+        yield Finding("FW_UNKNOWN", ERROR, "framework.version",
+                      f"{fw.name} {fw.version} is not in envbuilder's catalog",
+                      f"use one of the releases {known}", [])
+        return
+    if not ctx.catalog.framework_known_patch(fw.name, fw.version):
+        yield Finding("FW_PATCH_UNKNOWN", WARN, "framework.version",
+                      f"{fw.name} {fw.version} is not a release the catalog lists "
+                      f"({', '.join(entry['patches'])})", "check the version on PyPI", entry["sources"])
+    if not _in_range(spec.python, entry["python"]):
+        yield Finding("FW_PYTHON", ERROR, "python",
+                      f"{fw.name} {minor(fw.version)} has wheels for Python {_range_text(entry['python'])}, "
+                      f"not {spec.python}",
+                      f"use python: \"{entry['python'][1]}\" (with a base image that has it) or another "
+                      f"{fw.name} release", entry["sources"])
+
+
+@rule
+def framework_gpu(spec: Spec, ctx: Context):
+    fw = spec.framework
+    if ctx.ngc:
+        return
+    info = ctx.catalog.framework(fw.name)
+    if spec.cuda and info.get("cpu_only"):
+        yield Finding("FW_CPU_ONLY", ERROR, "cuda",
+                      f"{fw.name} is a CPU-only build but the spec asks for CUDA {spec.cuda.version}",
+                      "remove the cuda section, or use framework name tensorflow for GPUs", [])
+        return
+    if not spec.cuda:
+        return
+    entry = ctx.catalog.framework_release(fw.name, fw.version)
+    if entry is None:
+        return
+    if fw.family == "tensorflow":
+        want = entry["cuda"]
+        if major(want) != major(spec.cuda.version):
+            yield Finding("TF_CUDA_MAJOR", ERROR, "cuda.version",
+                          f"TensorFlow {minor(fw.version)} GPU wheels are built for CUDA {want} "
+                          f"(major {major(want)}), not CUDA {spec.cuda.version}",
+                          f"use cuda: {{version: \"{want}\"}} or a TensorFlow release built for CUDA "
+                          f"{major(spec.cuda.version)}", entry["sources"])
+        elif minor(want) != minor(spec.cuda.version):
+            yield Finding("TF_CUDA_MINOR", WARN, "cuda.version",
+                          f"TensorFlow {minor(fw.version)} was tested with CUDA {want}; CUDA "
+                          f"{spec.cuda.version} relies on minor-version compatibility", "", entry["sources"])
+        if spec.cuda.cudnn and major(spec.cuda.cudnn) != major(entry["cudnn"]):
+            yield Finding("TF_CUDNN", ERROR, "cuda.cudnn",
+                          f"TensorFlow {minor(fw.version)} is built against cuDNN {entry['cudnn']}, "
+                          f"not cuDNN {spec.cuda.cudnn}", f"use cudnn: \"{major(entry['cudnn'])}\"",
+                          entry["sources"])
+    else:
+        variants = entry["cuda"]
+        if minor(spec.cuda.version) not in variants:
+            yield Finding("TORCH_CUDA", ERROR, "cuda.version",
+                          f"torch {minor(fw.version)} is published for CUDA {', '.join(variants)}, "
+                          f"not {spec.cuda.version}",
+                          f"use cuda: {{version: \"{variants[0]}\"}} or another torch release",
+                          entry["sources"])
+
+
+# --- CUDA, NCCL, driver ------------------------------------------------------------------------
+
+@rule
+def cuda_stack(spec: Spec, ctx: Context):
+    if not spec.cuda:
+        return
+    cu = ctx.catalog.cuda(spec.cuda.version)
+    if cu is None and not ctx.ngc:
+        known = ", ".join(ctx.catalog.data["cuda"])
+        yield Finding("CUDA_UNKNOWN", ERROR, "cuda.version",
+                      f"CUDA {spec.cuda.version} is not in the catalog", f"use one of {known}", [])
+        return
+    nccl = spec.cuda.nccl
+    if nccl:
+        nccl_major = ctx.catalog.nccl_cuda_major(nccl)
+        if nccl_major is None:
+            yield Finding("NCCL_UNKNOWN", WARN, "cuda.nccl",
+                          f"NCCL {nccl} is not in the catalog; its CUDA major cannot be checked",
+                          "use an NCCL release listed by `envbuilder presets --json`",
+                          ctx.catalog.data["nccl_sources"])
+        elif nccl_major != major(spec.cuda.version):
+            same = [v for v, m in ctx.catalog.data["nccl"].items() if m == major(spec.cuda.version)]
+            suggestion = (cu or {}).get("nccl") or (same[-1] if same else "")
+            yield Finding("NCCL_MAJOR", ERROR, "cuda.nccl",
+                          f"NCCL {nccl} is built for CUDA {nccl_major}.x and cannot load with CUDA "
+                          f"{spec.cuda.version}",
+                          f"use nccl: \"{suggestion}\" (built for CUDA {major(spec.cuda.version)})",
+                          ctx.catalog.data["nccl_sources"])
+    if cu and spec.cuda.driver:
+        drv = spec.cuda.driver
+        if cmp(drv, cu["min_driver"]) < 0:
+            if cmp(drv, cu["compat_driver"]) >= 0 and major(spec.cuda.version) in (11, 12) and \
+                    (major(spec.cuda.version) == 11 and cmp(drv, "525") < 0 or major(spec.cuda.version) == 12):
+                yield Finding("DRIVER_MINOR_COMPAT", WARN, "cuda.driver",
+                              f"driver {drv} is older than CUDA {spec.cuda.version}'s minimum "
+                              f"{cu['min_driver']}; it runs through minor-version compatibility "
+                              "(no PTX JIT of newer code)", "", cu["sources"])
+            else:
+                yield Finding("DRIVER_MIN", ERROR, "cuda.driver",
+                              f"the cluster's driver {drv} is older than CUDA {spec.cuda.version} needs "
+                              f"(>= {cu['min_driver']})",
+                              f"use a CUDA release the driver supports, or ask the site for driver >= "
+                              f"{cu['min_driver']}", cu["sources"])
+    if cu and spec.cuda.compute_capability and cu.get("min_compute_capability"):
+        if cmp(spec.cuda.compute_capability, cu["min_compute_capability"]) < 0:
+            yield Finding("CUDA_ARCH", ERROR, "cuda.compute_capability",
+                          f"CUDA {spec.cuda.version} does not support compute capability "
+                          f"{spec.cuda.compute_capability} (needs >= {cu['min_compute_capability']})",
+                          "use CUDA 12.x for Volta/Pascal GPUs", cu["sources"])
+
+
+# --- Horovod ------------------------------------------------------------------------------------
+
+@rule
+def horovod_framework(spec: Spec, ctx: Context):
+    hv = spec.horovod
+    if not hv:
+        return
+    cat = ctx.catalog
+    entry = cat.horovod(hv.version)
+    if entry is None:
+        yield Finding("HVD_UNKNOWN", ERROR, "horovod.version",
+                      f"Horovod {hv.version} is not in the catalog",
+                      f"use one of {', '.join(cat.data['horovod'])} (0.28.1 is the last release)", [])
+        return
+    fw = spec.framework
+    srcs = entry["sources"]
+    if fw.family == "tensorflow":
+        if cmp(fw.version, "2.20") >= 0:
+            yield Finding("HVD_TF220", ERROR, "framework.version",
+                          f"Horovod {hv.version} does not build against TensorFlow {fw.version} "
+                          "(needs the unmerged horovod PR 4302)",
+                          "use tensorflow 2.15.1 (the last Keras-2 release), or drop Horovod",
+                          ["hvd_4302"])
+        elif cmp(fw.version, "2.16") >= 0:
+            level = WARN if ctx.ngc else ERROR
+            yield Finding("HVD_TF_KERAS3", level, "framework.version",
+                          f"TensorFlow {fw.version} makes tf.keras Keras 3, and Horovod {hv.version}'s "
+                          "horovod.tensorflow.keras fails with it ('Variable' object has no attribute 'ref')",
+                          "use tensorflow 2.15.1 (the last Keras-2 release) or an NGC TensorFlow container",
+                          ["hvd_4290", "tf_216_notes"])
+        elif cmp(hv.version, "0.28.0") < 0 and cmp(fw.version, "2.12") >= 0:
+            yield Finding("HVD_TF212_OLD", ERROR, "horovod.version",
+                          f"Horovod {hv.version}'s DistributedOptimizer is broken with TensorFlow >= 2.12",
+                          "use horovod 0.28.1", ["hvd_3903"])
+        elif cmp(minor(fw.version), entry["tested"]["tensorflow"]) > 0 and not ctx.ngc:
+            yield Finding("HVD_UNTESTED_TF", WARN, "framework.version",
+                          f"Horovod {hv.version} was tested up to TensorFlow {entry['tested']['tensorflow']}; "
+                          f"{fw.version} works in practice (NVIDIA ships it) and `envbuilder verify` checks it",
+                          "", srcs)
+    else:
+        patch = cat.patches()["horovod_cxx17"]
+        if satisfies(hv.version, patch["applies"]["horovod"]) and \
+                satisfies(fw.version, patch["applies"]["pytorch"]):
+            yield Finding("HVD_TORCH_CXX17", INFO, "horovod.version",
+                          f"Horovod {hv.version} needs a source fix to build against torch {fw.version}: "
+                          + patch["reason"], "applied by the recipe (CMAKE_CXX_STANDARD 17)", patch["sources"])
+
+
+@rule
+def horovod_operations(spec: Spec, ctx: Context):
+    hv = spec.horovod
+    if not hv:
+        return
+    if "nccl" in hv.operations and not spec.cuda:
+        yield Finding("HVD_NCCL_CPU", ERROR, "horovod.operations",
+                      "NCCL carries GPU tensors, but this is a CPU stack (no cuda section)",
+                      "remove nccl from horovod.operations, or add cuda: {version: ...}", [])
+    if "mpi" in hv.operations and not spec.mpi and not (ctx.ngc and ctx.ngc.get("mpi")):
+        yield Finding("HVD_MPI_MISSING", ERROR, "horovod.operations",
+                      "Horovod's MPI controller needs an MPI in the image, but the spec has no mpi section",
+                      "add mpi: {flavor: openmpi, version: \"4.1.5\", pmi: pmix} matching the cluster, "
+                      "or remove mpi from horovod.operations", [])
+
+
+# --- MPI ----------------------------------------------------------------------------------------
+
+@rule
+def mpi_rules(spec: Spec, ctx: Context):
+    mpi = spec.mpi
+    if not mpi:
+        return
+    cat = ctx.catalog
+    info = cat.mpi(mpi.flavor)
+    allowed = info["pmi"].get(str(major(mpi.version)))
+    if allowed is not None and mpi.pmi not in allowed:
+        yield Finding("MPI_PMI", ERROR, "mpi.pmi",
+                      f"{mpi.flavor} {major(mpi.version)}.x does not support PMI {mpi.pmi!r} "
+                      "(srun would start independent singleton ranks)",
+                      f"use pmi: {allowed[0]} (srun --mpi={allowed[0]}; Slurm built with PMIx)",
+                      info["pmi_sources"])
+    if ctx.ngc:
+        have = ctx.ngc.get("mpi")
+        if have and not (have["flavor"] == mpi.flavor and matches(mpi.version, have["version"])):
+            yield Finding("NGC_MPI", WARN, "mpi.version",
+                          f"{ctx.base} ships {have['flavor']} {have['version']}, not {mpi.flavor} {mpi.version}",
+                          "the image's MPI is used as is; state the version it ships", ctx.ngc["sources"])
+        return
+    from ..resolve import mpi_source
+
+    source = mpi_source(spec, ctx.os_name, cat)
+    distro = (cat.os(ctx.os_name) or {}).get("openmpi") if ctx.os_name else None
+    if source == "distro":
+        if mpi.flavor != "openmpi" or not distro or not matches(mpi.version, distro):
+            yield Finding("MPI_DISTRO", ERROR, "mpi.version",
+                          f"the base OS ({ctx.os_name}) packages openmpi {distro or 'unknown'}, "
+                          f"not {mpi.flavor} {mpi.version}",
+                          f"use version: \"{distro}\" or source: build", ["debian_pkgs"])
+    elif cat.mpi_tarball(mpi.flavor, mpi.version) is None:
+        known = ", ".join(info["tarballs"]) or "none yet"
+        yield Finding("MPI_TARBALL", ERROR, "mpi.version",
+                      f"no pinned source tarball (URL + sha256) for {mpi.flavor} {mpi.version}",
+                      f"use one of {known}" + (f", or version \"{distro}\" with source: distro" if distro else ""),
+                      [])
+
+
+# --- base image and Python ----------------------------------------------------------------------
+
+@rule
+def base_and_python(spec: Spec, ctx: Context):
+    cat = ctx.catalog
+    if ctx.ngc:
+        ngc = ctx.ngc
+        if not matches(minor(ngc["python"]), spec.python):
+            yield Finding("NGC_PYTHON", ERROR, "python",
+                          f"{ctx.base} ships Python {ngc['python']}, not {spec.python}",
+                          f"use python: \"{ngc['python']}\"", ngc["sources"])
+        fw = ngc["framework"]
+        if fw["name"] != spec.framework.family or not matches(spec.framework.version, fw["version"]):
+            yield Finding("NGC_FRAMEWORK", ERROR, "framework",
+                          f"{ctx.base} ships {fw['name']} {fw['version']}, not "
+                          f"{spec.framework.name} {spec.framework.version}",
+                          f"use framework: {{name: {fw['name']}, version: \"{fw['version']}\"}}", ngc["sources"])
+        if spec.cuda and minor(spec.cuda.version) != minor(ngc["cuda"]):
+            yield Finding("NGC_CUDA", ERROR, "cuda.version",
+                          f"{ctx.base} ships CUDA {ngc['cuda']}, not {spec.cuda.version}",
+                          f"use cuda: {{version: \"{ngc['cuda']}\"}}", ngc["sources"])
+        if spec.horovod and ngc.get("horovod") and not matches(spec.horovod.version, ngc["horovod"]):
+            yield Finding("NGC_HOROVOD", ERROR, "horovod.version",
+                          f"{ctx.base} ships Horovod {ngc['horovod']}, not {spec.horovod.version}",
+                          f"use horovod: {{version: \"{ngc['horovod']}\"}}", ngc["sources"])
+        return
+    if ctx.os_name is None:
+        yield Finding("BASE_UNKNOWN", ERROR, "base",
+                      f"envbuilder does not know which OS {ctx.base} holds",
+                      "add base_os: debian-bookworm | ubuntu20.04 | ubuntu22.04 | ubuntu24.04", [])
+        return
+    osinfo = cat.os(ctx.os_name)
+    if osinfo is None:
+        yield Finding("OS_UNKNOWN", ERROR, "base_os", f"unknown OS {ctx.os_name!r}",
+                      "use one of " + ", ".join(cat.data["os"]), [])
+        return
+    if not matches(spec.python, osinfo["python"]) or len(release(spec.python)) > 2 and \
+            not matches(osinfo["python"], spec.python):
+        others = [n for n, o in cat.data["os"].items() if o["python"] == minor(spec.python)]
+        alt = f" or a base with Python {spec.python} ({', '.join(others)})" if others else ""
+        yield Finding("PYTHON_BASE", ERROR, "python",
+                      f"the base OS {ctx.os_name} has Python {osinfo['python']}, not {spec.python}",
+                      f"use python: \"{osinfo['python']}\"{alt}", osinfo["sources"])
+    if spec.cuda and spec.base and spec.base.startswith("nvidia/cuda:"):
+        tag = spec.base.split(":", 1)[1]
+        if not tag.startswith(spec.cuda.version) and not tag.startswith(minor(spec.cuda.version) + "."):
+            yield Finding("BASE_CUDA", ERROR, "base",
+                          f"{spec.base} is not a CUDA {spec.cuda.version} image",
+                          "leave base out (envbuilder picks the matching nvidia/cuda image) or make them agree",
+                          ["cuda_images"])
+    if spec.cuda and ctx.os_name not in (ctx.catalog.cuda(spec.cuda.version) or {}).get("os", [ctx.os_name]):
+        yield Finding("CUDA_OS", ERROR, "base",
+                      f"there is no CUDA {spec.cuda.version} image for {ctx.os_name}",
+                      "pick an OS listed for that CUDA release", ["cuda_images"])
+
+
+@rule
+def cluster_rules(spec: Spec, ctx: Context):
+    cl = spec.cluster
+    if cl.gpus_per_node and not spec.cuda:
+        yield Finding("CLUSTER_GPU_CPU", ERROR, "cluster.gpus_per_node",
+                      "asks for GPUs, but the image is a CPU stack (no cuda section)",
+                      "remove gpus_per_node, or add cuda: {...}", [])
+    for n, bind in enumerate(cl.binds):
+        parts = bind.split(":")
+        if not parts[0].startswith("/") or len(parts) > 3 or (len(parts) == 3 and parts[2] not in ("ro", "rw")) \
+                or (len(parts) >= 2 and not parts[1].startswith("/")):
+            yield Finding("BIND_FORMAT", ERROR, f"cluster.binds[{n}]",
+                          f"{bind!r} is not SRC[:DST[:ro|rw]] with absolute paths",
+                          "write e.g. /scratch or /data/set1:/data:ro", [])
+
+
+@rule
+def packages_rules(spec: Spec, ctx: Context):
+    if spec.framework.family != "tensorflow":
+        return
+    for n, entry in enumerate(spec.packages.pip):
+        name, _, ver = entry.partition("==")
+        if name.lower() == "numpy" and major(ver) >= 2 and cmp(spec.framework.version, "2.18") < 0:
+            yield Finding("TF_NUMPY2", ERROR, f"packages.pip[{n}]",
+                          f"TensorFlow {spec.framework.version} is built against NumPy 1.x; numpy {ver} breaks it",
+                          "pin numpy<2 (e.g. numpy==1.26.4)", ["tf_pypi"])
+
+
+# --- running the rules --------------------------------------------------------------------------
+
+def context_for(spec: Spec, catalog: Catalog | None = None) -> Context:
+    from ..resolve import default_base
+
+    cat = catalog or load_catalog()
+    base = spec.base or default_base(spec, cat)
+    ngc = cat.ngc(base)
+    os_name = spec.base_os or cat.base_os(base)
+    return Context(cat, base, os_name, ngc)
+
+
+def findings(spec: Spec, catalog: Catalog | None = None) -> list[Finding]:
+    ctx = context_for(spec, catalog)
+    out: list[Finding] = []
+    for fn in RULES:
+        out.extend(fn(spec, ctx))
+    return out
+
+
+def check(spec: Spec, catalog: Catalog | None = None) -> list[Finding]:
+    """All findings; raises SpecErrors (naming the nearest known-good preset) when any is an error."""
+    found = findings(spec, catalog)
+    errors = [f for f in found if f.level == ERROR]
+    if errors:
+        from ..presets import nearest_preset
+
+        hint = nearest_preset(spec)
+        out = []
+        for f in errors:
+            fix = f.fix
+            if hint:
+                fix = f"{fix}; nearest known-good preset: {hint}" if fix else f"nearest known-good preset: {hint}"
+            out.append(spec.error(f.field, f"{f.reason} [{f.rule}]", fix))
+        raise SpecErrors(out)
+    return found

@@ -1,0 +1,38 @@
+"""Stack components. Each owns its devel-stage steps, what the runtime stage keeps, and its
+environment. ``assemble`` puts them together in layer order: what changes least comes first."""
+
+from __future__ import annotations
+
+from ..plan import Plan, Stage
+from ..resolve import Stack
+from . import framework, horovod, mpi, packages, python, smoke, system
+
+
+def assemble(stack: Stack) -> Plan:
+    spec = stack.spec
+    devel = Stage("devel", stack.base)
+    devel.items += system.devel_steps(stack)
+    devel.items += mpi.devel_steps(stack)
+    devel.items += python.devel_steps(stack)
+    devel.items += framework.devel_steps(stack)
+    devel.items += horovod.devel_steps(stack)
+    devel.items += packages.pip_steps(stack)
+
+    if stack.ngc is not None:
+        # An NGC image already is a complete devel + runtime image: one stage, add what is missing.
+        devel.name = "image"
+        final = devel
+        stages = [devel]
+    else:
+        final = Stage("runtime", stack.runtime_base)
+        final.items += system.runtime_steps(stack)
+        final.items += mpi.runtime_copies(stack) + python.runtime_copies(stack)
+        stages = [devel, final]
+    final.items += smoke.install(stack)
+
+    env: dict[str, str] = {}
+    for part in (system, mpi, python, framework, horovod):
+        env.update(part.runtime_env(stack))
+    env.update(dict(spec.env))
+    return Plan(name=spec.name, stages=stages, env=env, labels=smoke.labels(stack),
+                help=smoke.help_text(stack), runscript=["python"], test=smoke.test_command(stack))

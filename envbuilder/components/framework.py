@@ -1,0 +1,33 @@
+"""The deep-learning framework, from PyPI (or the index the spec names, or a wheelhouse)."""
+
+from __future__ import annotations
+
+from ..plan import Step
+from ..resolve import Stack
+from .python import pip
+
+
+def devel_steps(stack: Stack) -> list[Step]:
+    fw = stack.spec.framework
+    if stack.framework_from_base:
+        return []
+    index = stack.framework_index_url
+    extra = f" --extra-index-url {index}" if index else ""
+    return [Step("framework", f"{fw.name} {fw.version}", [
+        f"{pip(stack)}{extra} {stack.framework_requirement}",
+    ], network=True)]
+
+
+def runtime_env(stack: Stack) -> dict[str, str]:
+    if not stack.cpu_threads_env:
+        return {"TF_CPP_MIN_LOG_LEVEL": "1"} if stack.spec.framework.family == "tensorflow" else {}
+    # CPU TensorFlow threading from the seeds (Intel's TF-on-CPU guidance): threads do not spin
+    # after parallel regions, bind compactly to cores. OMP_NUM_THREADS comes from the job script
+    # (cores per rank).
+    return {
+        "TF_CPP_MIN_LOG_LEVEL": "1",
+        "TF_ENABLE_ONEDNN_OPTS": "1",
+        "KMP_BLOCKTIME": "0",
+        "KMP_AFFINITY": "granularity=fine,compact,1,0",
+        "KMP_SETTINGS": "0",
+    }

@@ -1,0 +1,69 @@
+"""Horovod, compiled in the devel stage from the hash-checked sdist with exactly the
+operations the spec asks, and the catalog's source fixes applied."""
+
+from __future__ import annotations
+
+from ..plan import Step
+from ..resolve import Stack
+from .python import pip
+
+# Horovod 0.28.1's install_requires, pinned (PyPI, versions that support Python 3.8 - 3.13).
+REQUIRES = ["cloudpickle==3.0.0", "packaging==24.0", "psutil==5.9.8", "PyYAML==6.0.1"]
+
+
+def build_flags(stack: Stack) -> dict[str, str]:
+    hv, fw = stack.spec.horovod, stack.spec.framework
+    flags = {
+        "HOROVOD_WITH_TENSORFLOW" if fw.family == "tensorflow" else "HOROVOD_WITHOUT_TENSORFLOW": "1",
+        "HOROVOD_WITH_PYTORCH" if fw.family == "pytorch" else "HOROVOD_WITHOUT_PYTORCH": "1",
+        "HOROVOD_WITHOUT_MXNET": "1",
+        "HOROVOD_WITH_MPI" if "mpi" in hv.operations else "HOROVOD_WITHOUT_MPI": "1",
+        "HOROVOD_WITH_GLOO" if "gloo" in hv.operations else "HOROVOD_WITHOUT_GLOO": "1",
+    }
+    if "nccl" in hv.operations:
+        flags.update({"HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_CUDA_HOME": "/usr/local/cuda",
+                      "HOROVOD_NCCL_LINK": "SHARED"})
+    else:
+        flags["HOROVOD_CPU_OPERATIONS"] = "MPI" if "mpi" in hv.operations else "GLOO"
+    return dict(sorted(flags.items()))
+
+
+def devel_apt(stack: Stack) -> list[str]:
+    if not stack.horovod_sdist:
+        return []
+    return ["cmake", "g++", "make"]
+
+
+def devel_steps(stack: Stack) -> list[Step]:
+    hv = stack.spec.horovod
+    sdist = stack.horovod_sdist
+    if not sdist:
+        return []
+    folder = f"/tmp/horovod/horovod-{hv.version}"
+    cmds = [
+        "mkdir -p /tmp/horovod",
+        f"echo 'horovod=={hv.version} --hash=sha256:{sdist['sha256']}' > /tmp/horovod/requirements.txt",
+        f"{pip(stack).replace(' install ', ' download ')} --no-deps --no-binary :all: --require-hashes "
+        "-r /tmp/horovod/requirements.txt -d /tmp/horovod",
+        f"tar -xzf /tmp/horovod/horovod-{hv.version}.tar.gz -C /tmp/horovod",
+    ]
+    notes = [f"source: {sdist['url']} (sha256 pinned)"]
+    for name, patch in stack.horovod_patches():
+        old, new = patch["replace"]
+        files = " ".join(f"{folder}/{f}" for f in patch["files"])
+        cmds.append(f"sed -i 's/{old}/{new}/' {files}")
+        cmds += [f"grep -q '{new}' {folder}/{f}" for f in patch["files"]]
+        notes.append(f"fix {name}: {patch['reason']}")
+    cmds += [
+        f"{pip(stack)} {' '.join(REQUIRES)}",
+        f"{pip(stack)} --no-build-isolation {folder}",
+        "rm -rf /tmp/horovod",
+    ]
+    ops = ", ".join(hv.operations)
+    return [Step("horovod", f"Horovod {hv.version} with {ops}, built against "
+                            f"{stack.spec.framework.name} {stack.spec.framework.version}",
+                 cmds, build_env=build_flags(stack), network=True, notes=notes)]
+
+
+def runtime_env(stack: Stack) -> dict[str, str]:
+    return {}

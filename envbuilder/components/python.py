@@ -1,0 +1,50 @@
+"""Python: the base OS's python3 with a virtual environment at /opt/venv.
+
+The runtime stage copies the whole venv from the devel stage; that is the Python payload.
+"""
+
+from __future__ import annotations
+
+from ..plan import VENV, Copy, Step
+from ..resolve import Stack
+
+# Bootstrap tools, pinned (they work on Python 3.8 - 3.13).
+BOOTSTRAP = ["pip==24.0", "setuptools==69.5.1", "wheel==0.43.0"]
+
+
+def python_exe(stack: Stack) -> str:
+    return "python" if stack.ngc else f"{VENV}/bin/python"
+
+
+def pip(stack: Stack) -> str:
+    return f"{python_exe(stack)} -m pip install --no-cache-dir --disable-pip-version-check"
+
+
+def devel_apt(stack: Stack) -> list[str]:
+    return ["python3", "python3-dev", "python3-venv"]
+
+
+def runtime_apt(stack: Stack) -> list[str]:
+    return ["python3"]
+
+
+def devel_steps(stack: Stack) -> list[Step]:
+    if stack.ngc:
+        return []
+    return [Step("python", f"Python {stack.python} virtual environment in {VENV}", [
+        f"python3 -c 'import sys; v = \"%d.%d\" % sys.version_info[:2]; "
+        f"assert v == \"{stack.python}\", \"base has Python \" + v + \", spec asks {stack.python}\"'",
+        f"python3 -m venv {VENV}",
+        f"{pip(stack)} {' '.join(BOOTSTRAP)}",
+    ], network=True)]
+
+
+def runtime_copies(stack: Stack) -> list[Copy]:
+    return [Copy(VENV, VENV, from_stage="devel")]
+
+
+def runtime_env(stack: Stack) -> dict[str, str]:
+    env = {"PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    if not stack.ngc:
+        env = {"VIRTUAL_ENV": VENV, "PATH": f"{VENV}/bin:$PATH", **env}
+    return env

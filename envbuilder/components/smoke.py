@@ -1,0 +1,58 @@
+"""The manifest and the smoke suite, shipped in every image so `envbuilder verify` can compare
+what is inside with what was asked for."""
+
+from __future__ import annotations
+
+from ..plan import PREFIX, SMOKE_DIR, Copy, Step
+from ..presets import describe
+from ..resolve import Stack
+from .python import python_exe
+
+MANIFEST = "manifest.json"
+
+
+def install(stack: Stack) -> list:
+    py = python_exe(stack)
+    return [
+        Copy(MANIFEST, f"{PREFIX}/{MANIFEST}"),
+        Copy(SMOKE_DIR, f"{PREFIX}/{SMOKE_DIR}"),
+        Step("smoke", "make the smoke suite importable as `python -m envbuilder_smoke`", [
+            f"{py} -c 'import sysconfig; "
+            f"open(sysconfig.get_paths()[\"purelib\"] + \"/envbuilder.pth\", \"w\").write(\"{PREFIX}\\n\")'",
+            f"{py} -m {SMOKE_DIR} --help > /dev/null",
+        ]),
+    ]
+
+
+def test_command(stack: Stack) -> list[str]:
+    return ["python", "-m", SMOKE_DIR, "--manifest", f"{PREFIX}/{MANIFEST}", "--ranks", "1"]
+
+
+def labels(stack: Stack) -> dict[str, str]:
+    spec = stack.spec
+    out = {
+        "org.opencontainers.image.title": spec.name,
+        "org.opencontainers.image.description": spec.description or describe(spec),
+        "org.opencontainers.image.base.name": stack.base,
+        "dev.envbuilder.spec-sha256": spec.sha256(),
+        "dev.envbuilder.framework": f"{spec.framework.name}=={spec.framework.version}",
+        "dev.envbuilder.python": stack.python,
+    }
+    if spec.horovod:
+        out["dev.envbuilder.horovod"] = f"{spec.horovod.version} ({','.join(spec.horovod.operations)})"
+    if spec.cuda:
+        out["dev.envbuilder.cuda"] = spec.cuda.version
+    if spec.mpi:
+        out["dev.envbuilder.mpi"] = f"{spec.mpi.flavor}-{spec.mpi.version} ({spec.mpi.pmi})"
+    return out
+
+
+def help_text(stack: Stack) -> str:
+    spec = stack.spec
+    return "\n".join([
+        f"{spec.name}: {spec.description or describe(spec)}",
+        f"Stack: {describe(spec)}.",
+        f"Built by envbuilder from a spec (sha256 {spec.sha256()[:12]}); manifest at {PREFIX}/{MANIFEST}.",
+        "Check it works:  envbuilder verify --runtime apptainer --image THIS.sif",
+        f"  or inside:     python -m {SMOKE_DIR} --ranks 2",
+    ])

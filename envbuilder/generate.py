@@ -1,0 +1,67 @@
+"""Spec -> the files of an output folder, in memory (nothing touches the disk here)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .plan import SMOKE_DIR, build_plan
+from .render.apptainer import render_apptainer
+from .render.dockerfile import render_dockerfile
+from .render.manifest import render_manifest
+from .render.sbatch import render_sbatch
+from .resolve import Stack, resolve
+from .spec import Spec
+
+SMOKE_SOURCE = Path(__file__).resolve().parent / "smoke"
+
+WHEELHOUSE_README = """\
+Local wheels for offline or air-gapped builds: put .whl files here, or pass
+`envbuilder build --wheelhouse DIR`. pip looks here before the index. The folder is
+bind-mounted during the build (Docker) or copied into the discarded build stage
+(Apptainer): wheels never end up in the final image's layers.
+"""
+
+
+@dataclass
+class Output:
+    stack: Stack
+    files: dict[str, bytes]          # relative path -> content
+
+    @property
+    def manifest(self) -> bytes:
+        return self.files["manifest.json"]
+
+
+def smoke_files() -> dict[str, bytes]:
+    out = {}
+    for path in sorted(SMOKE_SOURCE.rglob("*.py")):
+        rel = path.relative_to(SMOKE_SOURCE).as_posix()
+        out[f"{SMOKE_DIR}/{rel}"] = path.read_bytes()
+    return out
+
+
+def _tree_sha(files: dict[str, bytes]) -> str:
+    h = hashlib.sha256()
+    for name, data in sorted(files.items()):
+        h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return h.hexdigest()
+
+
+def generate(spec: Spec) -> Output:
+    stack = resolve(spec)
+    plan = build_plan(stack)
+    sha = spec.sha256()
+    recipes: dict[str, bytes] = {}
+    if "docker" in spec.targets:
+        recipes["Dockerfile"] = render_dockerfile(plan, sha).encode()
+    if "apptainer" in spec.targets:
+        recipes["Apptainer.def"] = render_apptainer(plan, sha).encode()
+    recipes["job.sbatch"] = render_sbatch(stack).encode()
+    smoke = smoke_files()
+    files = dict(recipes)
+    files["manifest.json"] = render_manifest(stack, recipes, _tree_sha(smoke)).encode()
+    files.update(smoke)
+    files["wheelhouse/README.md"] = WHEELHOUSE_README.encode()
+    return Output(stack, files)

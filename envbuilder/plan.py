@@ -1,0 +1,64 @@
+"""A format-neutral build plan: stages of commented steps, assembled from the components.
+
+Renderers (Dockerfile, Apptainer.def) only format a Plan; they decide nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .resolve import Stack
+
+VENV = "/opt/venv"
+PREFIX = "/opt/envbuilder"          # manifest, smoke suite, build helpers inside the image
+SMOKE_DIR = "envbuilder_smoke"      # folder name of the suite in the build context and the image
+
+
+@dataclass
+class Step:
+    component: str
+    title: str                      # one comment line above the step
+    commands: list[str]             # shell commands, run in order, stop at the first failure
+    build_env: dict[str, str] = field(default_factory=dict)   # only while this step runs
+    network: bool = False           # downloads: gets the CA bundle and the wheelhouse mounted
+    notes: list[str] = field(default_factory=list)            # extra comment lines (why)
+
+
+@dataclass
+class Copy:
+    source: str                     # path in the build context (from_stage None) or in a stage
+    dest: str
+    from_stage: str | None = None
+
+
+@dataclass
+class Stage:
+    name: str
+    base: str
+    items: list = field(default_factory=list)   # Step and Copy, in order
+
+    @property
+    def steps(self) -> list[Step]:
+        return [i for i in self.items if isinstance(i, Step)]
+
+
+@dataclass
+class Plan:
+    name: str
+    stages: list[Stage]
+    env: dict[str, str]             # runtime environment of the final image (ordered)
+    labels: dict[str, str]
+    help: str
+    runscript: list[str]            # default command
+    test: list[str]                 # the smoke suite as Apptainer's %test
+    workdir: str = "/workspace"
+
+    @property
+    def final(self) -> Stage:
+        return self.stages[-1]
+
+
+def build_plan(stack: Stack) -> Plan:
+    from .components import assemble
+
+    return assemble(stack)

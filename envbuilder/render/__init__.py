@@ -1,0 +1,1 @@
+"""Renderers: each formats a Plan (or a Stack) into one file. They decide nothing."""

@@ -1,0 +1,76 @@
+"""Plan -> Apptainer/Singularity definition file (multi-stage: `Stage:` blocks)."""
+
+from __future__ import annotations
+
+from ..plan import Copy, Plan, Step
+from .common import header, sh_quote
+
+
+def _bootstrap(base: str) -> tuple[str, str]:
+    # Images made locally live only in the Docker engine: Apptainer reads them from the daemon.
+    if base.startswith("local/"):
+        return "docker-daemon", base
+    return "docker", base
+
+
+def _post(steps: list[Step], drop_wheelhouse: bool) -> list[str]:
+    lines = ["%post", "    set -eu"]
+    for step in steps:
+        lines.append(f"    # {step.component}: {step.title}")
+        lines += [f"    #   {n}" for n in step.notes]
+        body = []
+        if step.build_env:
+            body.append("export " + " ".join(f"{k}={v}" for k, v in step.build_env.items()))
+        if step.network:
+            body.append("export PIP_FIND_LINKS=/wheelhouse")
+        body += step.commands
+        lines.append("    (")
+        lines += [f"        {c}" for c in body]
+        lines.append("    )")
+    if drop_wheelhouse:
+        lines.append("    rm -rf /wheelhouse   # local wheels were only needed to install")
+    return lines
+
+
+def _files(copies: list[Copy]) -> list[str]:
+    lines = []
+    by_stage: dict = {}
+    for c in copies:
+        by_stage.setdefault(c.from_stage, []).append(c)
+    for stage, items in by_stage.items():
+        lines.append("%files" + (f" from {stage}" if stage else ""))
+        lines += [f"    {c.source} {c.dest}" for c in items]
+        lines.append("")
+    return lines
+
+
+def render_apptainer(plan: Plan, spec_sha: str) -> str:
+    out = header("#", f"Apptainer/Singularity definition file for {plan.name}", spec_sha, [
+        "",
+        f"Build:  apptainer build {plan.name}.sif Apptainer.def   (runs %test: the smoke suite)",
+        "Local wheels (offline sites) go in ./wheelhouse/ (copied into the build stage only).",
+    ])
+    multi = len(plan.stages) > 1
+    for stage in plan.stages:
+        last = stage is plan.final
+        bootstrap, ref = _bootstrap(stage.base)
+        out += ["", f"Bootstrap: {bootstrap}", f"From: {ref}"]
+        if multi:
+            out.append(f"Stage: {stage.name}")
+        out.append("")
+        copies = [i for i in stage.items if isinstance(i, Copy)]
+        if not last or not multi:
+            copies = [Copy("wheelhouse", "/wheelhouse")] + copies
+        out += _files(copies)
+        out += _post([i for i in stage.items if isinstance(i, Step)], drop_wheelhouse=not multi)
+        if not last:
+            continue
+        out += ["", "%environment"]
+        out += [f"    export {k}={sh_quote(v)}" for k, v in plan.env.items()]
+        out += ["", "%labels"]
+        out += [f"    {k} {v}" for k, v in plan.labels.items()]
+        out += ["", "%help"]
+        out += [f"    {line}" for line in plan.help.splitlines()]
+        out += ["", "%runscript", f"    exec {' '.join(plan.runscript)} \"$@\""]
+        out += ["", "%test", f"    {' '.join(plan.test)}"]
+    return "\n".join(out) + "\n"

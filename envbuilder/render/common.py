@@ -1,0 +1,32 @@
+"""Helpers shared by the renderers."""
+
+from __future__ import annotations
+
+from .. import __version__
+
+CA_SECRET = "/run/secrets/ca"
+WHEELHOUSE = "/wheelhouse"
+
+
+def header(comment: str, title: str, spec_sha: str, extra: list[str]) -> list[str]:
+    lines = [f"{comment} {title}",
+             f"{comment} Written by envbuilder {__version__} from a spec with sha256 {spec_sha[:16]}.",
+             f"{comment} Generated file: change the spec and run `envbuilder build` instead of editing it."]
+    lines += [f"{comment} {e}" if e else comment for e in extra]
+    return lines
+
+
+def shell_join(commands: list[str], indent: str = "    ") -> str:
+    """Commands chained with && over continuation lines."""
+    return (" \\\n" + indent + "&& ").join(commands)
+
+
+def sh_quote(value: str) -> str:
+    """Double-quote for shell/Dockerfile ENV while keeping $VAR expansion."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def network_setup() -> list[str]:
+    """Prefix of every step that downloads: local wheels first, the site's CA bundle if given."""
+    return [f"export PIP_FIND_LINKS={WHEELHOUSE}",
+            f"if [ -s {CA_SECRET} ]; then export PIP_CERT={CA_SECRET} CURL_CA_BUNDLE={CA_SECRET}; fi"]

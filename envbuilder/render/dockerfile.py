@@ -1,0 +1,66 @@
+"""Plan -> Dockerfile (BuildKit: secrets and bind mounts keep the CA bundle and wheels out of
+every layer)."""
+
+from __future__ import annotations
+
+from ..plan import Copy, Plan, Step
+from .common import WHEELHOUSE, header, network_setup, sh_quote, shell_join
+
+SHELL = 'SHELL ["/bin/bash", "-o", "pipefail", "-c"]'
+
+
+def _step(step: Step) -> list[str]:
+    lines = [f"# {step.component}: {step.title}"]
+    lines += [f"#   {n}" for n in step.notes]
+    if step.build_env:
+        lines.append("# build flags (this step only): " + " ".join(f"{k}={v}" for k, v in step.build_env.items()))
+    commands = list(step.commands)
+    if step.build_env:
+        commands = ["export " + " ".join(f"{k}={v}" for k, v in step.build_env.items())] + commands
+    if step.network:
+        commands = network_setup() + commands
+        mounts = ("RUN --mount=type=secret,id=ca \\\n"
+                  f"    --mount=type=bind,source=wheelhouse,target={WHEELHOUSE} \\\n    ")
+        lines.append(mounts + shell_join(commands))
+    else:
+        lines.append("RUN " + shell_join(commands))
+    return lines
+
+
+def _copy(copy: Copy) -> list[str]:
+    src = f"--from={copy.from_stage} " if copy.from_stage else ""
+    return [f"COPY {src}{copy.source} {copy.dest}"]
+
+
+def render_dockerfile(plan: Plan, spec_sha: str) -> str:
+    out = header("#", f"Dockerfile for {plan.name}", spec_sha, [
+        "",
+        "Build (BuildKit; the CA secret only behind a TLS-intercepting proxy):",
+        f"  DOCKER_BUILDKIT=1 docker build --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt -t envbuilder/{plan.name} .",
+        "Local wheels (offline sites) go in ./wheelhouse/; they are bind-mounted, never copied into a layer.",
+    ])
+    multi = len(plan.stages) > 1
+    for n, stage in enumerate(plan.stages, 1):
+        out.append("")
+        last = stage is plan.final
+        role = ("compilers and headers; only its results are copied on" if not last
+                else "what runs: no compilers, no build caches") if multi else "single stage"
+        out.append(f"# ---- stage {n}: {stage.name} ({role}) " + "-" * 10)
+        out.append(f"FROM {stage.base} AS {stage.name}")
+        out.append(SHELL)
+        for item in stage.items:
+            out.append("")
+            out.extend(_step(item) if isinstance(item, Step) else _copy(item))
+    out.append("")
+    out.append("# ---- image metadata and environment " + "-" * 10)
+    out.append("LABEL " + " \\\n      ".join(f"{k}={sh_quote(v)}" for k, v in plan.labels.items()))
+    out.append("ENV " + " \\\n    ".join(f"{k}={sh_quote(v)}" for k, v in plan.env.items()))
+    out.append(f"WORKDIR {plan.workdir}")
+    out.append(f"CMD {_json_list(plan.runscript)}")
+    return "\n".join(out) + "\n"
+
+
+def _json_list(items: list[str]) -> str:
+    import json
+
+    return json.dumps(items)

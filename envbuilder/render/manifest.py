@@ -1,0 +1,65 @@
+"""Stack + rendered files -> manifest.json (also copied into the image for `verify`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from .. import __version__
+from ..resolve import Stack
+
+
+def image_tag(stack: Stack) -> str:
+    return f"envbuilder/{stack.spec.name}:{stack.spec.sha256()[:12]}"
+
+
+def expected(stack: Stack) -> dict:
+    spec = stack.spec
+    fw = spec.framework
+    mpi = None
+    if stack.mpi_source == "image":
+        mpi = dict(stack.ngc["mpi"])
+    elif spec.mpi:
+        mpi = {"flavor": spec.mpi.flavor, "version": spec.mpi.version}
+    hv = None
+    if spec.horovod:
+        hv = {"version": spec.horovod.version, "frameworks": [fw.family],
+              "controllers": list(spec.horovod.controllers), "operations": list(spec.horovod.operations)}
+    pins = {}
+    for req in spec.packages.pip:
+        name, _, version = req.partition("==")
+        pins[name.split("[")[0].lower()] = version
+    return {
+        "python": stack.python,
+        "framework": {"name": fw.name, "module": fw.module, "version": fw.version},
+        "horovod": hv,
+        "mpi": mpi,
+        "cuda": spec.cuda.version if spec.cuda else None,
+        "cudnn": stack.cudnn,
+        "nccl": stack.nccl,
+        "gpu": spec.cuda is not None,
+        "packages": dict(sorted(pins.items())),
+    }
+
+
+def render_manifest(stack: Stack, files: dict[str, bytes], smoke_sha: str) -> str:
+    spec = stack.spec
+    doc = {
+        "schema": "envbuilder.manifest/1",
+        "name": spec.name,
+        "envbuilder": __version__,
+        "spec_sha256": spec.sha256(),
+        "image": {"tag": image_tag(stack), "base": stack.base, "runtime_base": stack.runtime_base,
+                  "os": stack.os_name},
+        "expect": expected(stack),
+        "build": {
+            "mpi_source": stack.mpi_source,
+            "horovod_patches": [name for name, _ in stack.horovod_patches()],
+            "framework_index_url": stack.framework_index_url,
+        },
+        "findings": [f.as_dict() for f in stack.findings],
+        "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
+        "smoke_suite_sha256": smoke_sha,
+        "spec": spec.canonical(),
+    }
+    return json.dumps(doc, indent=2, sort_keys=False) + "\n"

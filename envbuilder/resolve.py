@@ -1,0 +1,161 @@
+"""Everything derived from a checked spec, computed once (base images, pins, patches, env).
+
+Components and renderers read a ``Stack``; none of them re-derives what is here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .compat.catalog import Catalog, load_catalog
+from .compat.rules import Finding, check
+from .spec import Spec
+from .versions import major, matches, minor, satisfies
+
+CPU_BASE_FOR_PYTHON = {"3.11": "debian:bookworm", "3.10": "ubuntu:22.04", "3.12": "ubuntu:24.04",
+                       "3.8": "ubuntu:20.04"}
+
+
+def default_base(spec: Spec, cat: Catalog) -> str:
+    if spec.cuda:
+        cu = cat.cuda(spec.cuda.version)
+        if cu is None:
+            return f"nvidia/cuda:{spec.cuda.version}-devel-ubuntu22.04"
+        os_name = spec.base_os or next(
+            (o for o in cu["os"] if cat.os(o) and cat.os(o)["python"] == minor(spec.python)), "ubuntu22.04")
+        return f"nvidia/cuda:{cu['full']}-{cu['tag_cudnn']}-devel-{os_name}"
+    return CPU_BASE_FOR_PYTHON.get(minor(spec.python), "debian:bookworm")
+
+
+def mpi_source(spec: Spec, os_name: str | None, cat: Catalog) -> str | None:
+    """distro (the OS package), build (pinned tarball) or None (no MPI)."""
+    if not spec.mpi:
+        return None
+    if spec.mpi.source:
+        return spec.mpi.source
+    distro = (cat.os(os_name) or {}).get("openmpi") if os_name else None
+    if spec.mpi.flavor == "openmpi" and distro and matches(spec.mpi.version, distro):
+        return "distro"
+    return "build"
+
+
+@dataclass
+class Stack:
+    spec: Spec
+    catalog: Catalog
+    base: str
+    runtime_base: str
+    os_name: str
+    ngc: dict | None
+    findings: list[Finding] = field(default_factory=list)
+
+    # --- derived facts used by several components -------------------------------------------
+    @property
+    def python(self) -> str:
+        return minor(self.spec.python)
+
+    @property
+    def framework_requirement(self) -> str:
+        fw = self.spec.framework
+        return f"{self.catalog.framework(fw.name)['pip']}=={fw.version}"
+
+    @property
+    def framework_index_url(self) -> str | None:
+        fw = self.spec.framework
+        if fw.index_url:
+            return fw.index_url
+        if fw.name == "pytorch" and self.spec.cuda:
+            return "https://download.pytorch.org/whl/cu" + minor(self.spec.cuda.version).replace(".", "")
+        return None
+
+    @property
+    def framework_from_base(self) -> bool:
+        return bool(self.ngc)
+
+    @property
+    def horovod_from_base(self) -> bool:
+        return bool(self.ngc and self.ngc.get("horovod") and self.spec.horovod)
+
+    @property
+    def mpi_source(self) -> str | None:
+        if self.ngc and self.ngc.get("mpi"):
+            return "image"
+        return mpi_source(self.spec, self.os_name, self.catalog)
+
+    @property
+    def mpi_tarball(self) -> dict | None:
+        if self.mpi_source != "build":
+            return None
+        return self.catalog.mpi_tarball(self.spec.mpi.flavor, self.spec.mpi.version)
+
+    @property
+    def nccl(self) -> str | None:
+        if not self.spec.cuda:
+            return None
+        if self.spec.cuda.nccl:
+            return self.spec.cuda.nccl
+        if self.ngc:
+            return self.ngc.get("nccl")
+        cu = self.catalog.cuda(self.spec.cuda.version)
+        return cu["nccl"] if cu else None
+
+    @property
+    def cudnn(self) -> str | None:
+        if not self.spec.cuda:
+            return None
+        if self.spec.cuda.cudnn:
+            return self.spec.cuda.cudnn
+        if self.ngc:
+            return self.ngc.get("cudnn")
+        cu = self.catalog.cuda(self.spec.cuda.version)
+        return cu["cudnn"] if cu else None
+
+    @property
+    def horovod_sdist(self) -> dict | None:
+        hv = self.spec.horovod
+        if not hv or self.horovod_from_base:
+            return None
+        return (self.catalog.horovod(hv.version) or {}).get("sdist")
+
+    def horovod_patches(self) -> list[tuple[str, dict]]:
+        hv, fw = self.spec.horovod, self.spec.framework
+        if not hv or self.horovod_from_base:
+            return []
+        out = []
+        for name, patch in sorted(self.catalog.patches().items()):
+            applies = patch["applies"]
+            if satisfies(hv.version, applies["horovod"]) and fw.family in applies and \
+                    satisfies(fw.version, applies[fw.family]):
+                out.append((name, patch))
+        return out
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.level != "error"]
+
+    @property
+    def cpu_threads_env(self) -> bool:
+        """oneDNN / OpenMP settings from the seeds apply to CPU TensorFlow stacks."""
+        return not self.spec.cuda and self.spec.framework.family == "tensorflow"
+
+    @property
+    def cuda_major(self) -> int | None:
+        return major(self.spec.cuda.version) if self.spec.cuda else None
+
+
+def resolve(spec: Spec, catalog: Catalog | None = None) -> Stack:
+    """Check ``spec`` (raises SpecErrors on any error finding) and derive the stack."""
+    from .compat.rules import context_for
+
+    cat = catalog or load_catalog()
+    found = check(spec, cat)
+    ctx = context_for(spec, cat)
+    base = ctx.base
+    if spec.runtime_base:
+        runtime = spec.runtime_base
+    elif base.startswith("nvidia/cuda:") and "-devel-" in base:
+        runtime = base.replace("-devel-", "-runtime-")
+    else:
+        runtime = base
+    return Stack(spec=spec, catalog=cat, base=base, runtime_base=runtime, os_name=ctx.os_name,
+                 ngc=ctx.ngc, findings=found)

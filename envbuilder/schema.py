@@ -1,0 +1,302 @@
+"""The spec's fields, declared once: validation and the published JSON Schema both come from here."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field as dc_field
+
+from .errors import EnvbuilderError
+
+VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([a-z0-9.+_-]*)?$")
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+SLURM_TIME_RE = re.compile(r"^([0-9]+-)?([0-9]{1,2}:)?[0-9]{1,2}:[0-9]{2}$|^[0-9]+$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MEM_RE = re.compile(r"^[0-9]+[KMGT]?$")
+
+
+@dataclass
+class Field:
+    kind: str                      # string | version | integer | boolean | list | object | map
+    doc: str
+    required: bool = False
+    default: object = None
+    enum: tuple = ()
+    pattern: re.Pattern | None = None
+    pattern_hint: str = ""
+    minimum: int | None = None
+    items: "Field | None" = None
+    children: dict = dc_field(default_factory=dict)
+    example: object = None
+
+
+def obj(doc, children, required=False, example=None):
+    return Field("object", doc, required=required, children=children, example=example)
+
+
+def s(doc, **kw):
+    return Field("string", doc, **kw)
+
+
+def v(doc, **kw):
+    return Field("version", doc, **kw)
+
+
+def i(doc, **kw):
+    return Field("integer", doc, **kw)
+
+
+def strlist(doc, **kw):
+    return Field("list", doc, items=Field("string", "entry"), **kw)
+
+
+FRAMEWORKS = ("tensorflow", "tensorflow-cpu", "intel-tensorflow", "pytorch")
+HOROVOD_OPS = ("nccl", "mpi", "gloo")
+RUNTIMES = ("apptainer", "singularity", "charliecloud", "pyxis", "host")
+
+SPEC_FIELDS: dict[str, Field] = {
+    "name": s("Image and folder name (lower case, digits, . _ -).", required=True,
+              pattern=NAME_RE, pattern_hint="lower case letters, digits, '.', '_' or '-'",
+              example="tf-horovod-gpu"),
+    "description": s("One line shown in `envbuilder presets` and the image's labels."),
+    "framework": obj("The deep-learning framework.", {
+        "name": s("Which framework.", required=True, enum=FRAMEWORKS),
+        "version": v("Exact release, e.g. \"2.12.1\" or \"2.13.0+cpu\" (local label kept).", required=True),
+        "index_url": s("Extra pip index for the framework wheels (e.g. https://download.pytorch.org/whl/cu118)."),
+    }, required=True, example={"name": "tensorflow", "version": "2.12.1"}),
+    "python": v("Python major.minor inside the image; must be the base OS's Python.", required=True,
+                example="3.10"),
+    "cuda": obj("GPU stack; leave out for CPU images.", {
+        "version": v("CUDA toolkit major.minor[.patch].", required=True),
+        "cudnn": v("cuDNN major (or full version)."),
+        "nccl": v("NCCL version (must be built for the same CUDA major)."),
+        "driver": v("The cluster's NVIDIA driver version, when known: checked against the CUDA minimum."),
+        "compute_capability": v("Oldest GPU's compute capability on the cluster, e.g. \"7.0\" for V100."),
+    }),
+    "mpi": obj("MPI inside the image; must match the cluster's (hybrid model).", {
+        "flavor": s("MPI family.", required=True, enum=("openmpi", "mpich")),
+        "version": v("MPI version.", required=True),
+        "pmi": s("How srun wires ranks up: pmix or pmi2.", default="pmix", enum=("pmix", "pmi2")),
+        "source": s("distro: the base OS package; build: compiled from the pinned tarball.",
+                    enum=("distro", "build")),
+    }),
+    "horovod": obj("Horovod, compiled in the devel stage.", {
+        "version": v("Horovod release.", required=True),
+        "operations": Field("list", "Tensor operations / controllers to build.",
+                            items=Field("string", "operation", enum=HOROVOD_OPS),
+                            default=["mpi", "gloo"]),
+    }),
+    "packages": obj("Extra packages.", {
+        "pip": strlist("pip requirements, each pinned: name==version.", default=[]),
+        "apt": strlist("OS packages (name or name=version).", default=[]),
+        "conda": strlist("conda packages, name=version (resolved by conda-lock).", default=[]),
+    }),
+    "base": s("Base image (tag or digest); default chosen from CUDA and Python."),
+    "runtime_base": s("Image the slim runtime stage starts from; default derived from `base`."),
+    "base_os": s("OS of a base image envbuilder does not know (e.g. debian-bookworm, ubuntu22.04)."),
+    "targets": Field("list", "Recipes to write.", items=Field("string", "target", enum=("docker", "apptainer")),
+                     default=["docker", "apptainer"]),
+    "env": Field("map", "Extra environment variables set in the image.", items=Field("string", "value")),
+    "cluster": obj("Defaults for the Slurm job script.", {
+        "partition": s("Slurm partition."),
+        "account": s("Slurm account to charge."),
+        "nodes": i("Number of nodes.", minimum=1, default=1),
+        "gpus_per_node": i("GPUs per node (one rank each).", minimum=0),
+        "ntasks_per_node": i("Ranks per node (default: gpus_per_node, or 1 on CPU nodes).", minimum=1),
+        "cpus_per_task": i("CPU cores per rank.", minimum=1),
+        "mem_per_cpu": s("Memory per core, e.g. 4G.", pattern=MEM_RE, pattern_hint="a number with K, M, G or T"),
+        "time": s("Wall-time limit, e.g. \"01:00:00\".", pattern=SLURM_TIME_RE,
+                  pattern_hint="[D-]HH:MM:SS, MM:SS or minutes"),
+        "binds": strlist("Host paths made visible in the container (SRC or SRC:DST[:ro]).", default=[]),
+        "network_interface": s("Interface NCCL/Gloo bootstrap on (ib0, hsn0...)."),
+        "runtime": s("How the job runs the image.", enum=RUNTIMES, default="apptainer"),
+        "image_path": s("Path of the .sif on the cluster (default: <name>.sif beside the job script)."),
+        "command": s("What each rank runs (default: the smoke suite)."),
+    }),
+}
+
+
+def _did_you_mean(word: str, options) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f"did you mean `{close[0]}`?" if close else "known keys: " + ", ".join(sorted(options))
+
+
+def _type_error(path, f: Field, value, doc, source):
+    expect = {"string": "text", "version": "a version in quotes", "integer": "a whole number",
+              "boolean": "true or false", "list": "a list", "object": "a mapping of keys",
+              "map": "a mapping of NAME: value"}[f.kind]
+    got = type(value).__name__
+    got = {"str": "text", "int": "a number", "float": "a number", "list": "a list",
+           "dict": "a mapping", "bool": "true/false", "NoneType": "nothing"}.get(got, got)
+    return EnvbuilderError(path, f"expected {expect}, got {got}",
+                           f"write {path.split('.')[-1]}: {_example(f)}", line=doc.line_of(path),
+                           source=source)
+
+
+def _example(f: Field):
+    if f.example is not None:
+        import json
+        return json.dumps(f.example)
+    return {"string": "text", "version": '"1.2.3"', "integer": "4", "boolean": "true",
+            "list": "[a, b]", "object": "{key: value}", "map": "{NAME: value}"}[f.kind]
+
+
+def _check(path: str, f: Field, value, doc, errors: list, source):
+    if value is None:
+        if f.required:
+            errors.append(EnvbuilderError(path, "is empty", f"give a value: {path.split('.')[-1]}: {_example(f)}",
+                                          line=doc.line_of(path), source=source))
+        return None
+    if f.kind == "version":
+        if isinstance(value, float):
+            written = doc.raw.get(path, str(value))
+            errors.append(EnvbuilderError(
+                path, f"{written} is read as the number {value!r}, not a version (YAML turns 3.10 into 3.1)",
+                f'quote it: {path.split(".")[-1]}: "{written}"', line=doc.line_of(path), source=source))
+            return None
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            errors.append(_type_error(path, f, value, doc, source))
+            return None
+        value = str(value)
+        if not VERSION_RE.match(value):
+            errors.append(EnvbuilderError(path, f"{value!r} is not a version",
+                                          "give an exact version such as \"2.12.1\" (no ranges, no `latest`)",
+                                          line=doc.line_of(path), source=source))
+            return None
+        return value
+    if f.kind == "string":
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or (isinstance(value, (int, float)) and f.enum):
+            errors.append(_type_error(path, f, value, doc, source))
+            return None
+        value = str(value)
+        if f.enum and value not in f.enum:
+            errors.append(EnvbuilderError(path, f"{value!r} is not one of {', '.join(f.enum)}",
+                                          _did_you_mean(value, f.enum) if difflib.get_close_matches(value, f.enum, n=1, cutoff=0.6)
+                                          else f"use one of {', '.join(f.enum)}",
+                                          line=doc.line_of(path), source=source))
+            return None
+        if f.pattern and not f.pattern.match(value):
+            errors.append(EnvbuilderError(path, f"{value!r} is not valid here", f"use {f.pattern_hint}",
+                                          line=doc.line_of(path), source=source))
+            return None
+        return value
+    if f.kind == "integer":
+        if isinstance(value, bool) or not isinstance(value, int):
+            errors.append(_type_error(path, f, value, doc, source))
+            return None
+        if f.minimum is not None and value < f.minimum:
+            errors.append(EnvbuilderError(path, f"{value} is below the minimum {f.minimum}",
+                                          f"use a number >= {f.minimum}", line=doc.line_of(path), source=source))
+            return None
+        return value
+    if f.kind == "list":
+        if not isinstance(value, list):
+            errors.append(_type_error(path, f, value, doc, source))
+            return None
+        out = [_check(f"{path}[{n}]", f.items, item, doc, errors, source) for n, item in enumerate(value)]
+        return out
+    if f.kind == "map":
+        if not isinstance(value, dict):
+            errors.append(_type_error(path, f, value, doc, source))
+            return None
+        out = {}
+        for k, item in value.items():
+            if not ENV_NAME_RE.match(k):
+                errors.append(EnvbuilderError(f"{path}.{k}", "is not a valid environment variable name",
+                                              "use letters, digits and _", line=doc.line_of(f"{path}.{k}"),
+                                              source=source))
+                continue
+            if isinstance(item, (dict, list)) or item is None:
+                errors.append(_type_error(f"{path}.{k}", f.items, item, doc, source))
+                continue
+            out[k] = str(item).lower() if isinstance(item, bool) else str(item)
+        return out
+    if f.kind == "object":
+        if not isinstance(value, dict):
+            errors.append(_type_error(path, f, value, doc, source))
+            return None
+        return _check_object(path, f.children, value, doc, errors, source)
+    raise AssertionError(f.kind)
+
+
+def _check_object(path, children: dict, value: dict, doc, errors, source) -> dict:
+    out = {}
+    for key in value:
+        if key not in children:
+            child = f"{path}.{key}" if path else key
+            errors.append(EnvbuilderError(child, "unknown key", _did_you_mean(key, children),
+                                          line=doc.line_of(child), source=source))
+    for key, f in children.items():
+        child = f"{path}.{key}" if path else key
+        if key not in value:
+            if f.required:
+                errors.append(EnvbuilderError(child, "is required but missing",
+                                              f"add `{key}: {_example(f)}`" + (f" under `{path}`" if path else ""),
+                                              line=doc.line_of(path) if path else None, source=source))
+            out[key] = f.default if not isinstance(f.default, (list, dict)) else type(f.default)(f.default)
+            continue
+        out[key] = _check(child, f, value[key], doc, errors, source)
+    return out
+
+
+def validate(doc) -> dict:
+    """Check ``doc.data`` against SPEC_FIELDS; return normalised data or raise SpecErrors."""
+    from .errors import SpecErrors
+
+    errors: list[EnvbuilderError] = []
+    if not isinstance(doc.data, dict):
+        raise EnvbuilderError("spec", "the top level must be a mapping of keys (name:, framework:, ...)",
+                              "start from a recipe: `envbuilder presets` lists them", line=1, source=doc.path)
+    data = _check_object("", SPEC_FIELDS, doc.data, doc, errors, doc.path)
+    if errors:
+        errors.sort(key=lambda e: (e.line or 0, e.field))
+        raise SpecErrors(errors)
+    return data
+
+
+# -- JSON Schema for editors ------------------------------------------------------------------
+
+def _json_schema(f: Field) -> dict:
+    out: dict = {"description": f.doc}
+    if f.kind in ("string",):
+        out["type"] = "string"
+        if f.enum:
+            out["enum"] = list(f.enum)
+        if f.pattern is not None:
+            out["pattern"] = f.pattern.pattern
+    elif f.kind == "version":
+        out["type"] = ["string", "integer"]
+        out["pattern"] = VERSION_RE.pattern
+    elif f.kind == "integer":
+        out["type"] = "integer"
+        if f.minimum is not None:
+            out["minimum"] = f.minimum
+    elif f.kind == "list":
+        out["type"] = "array"
+        out["items"] = _json_schema(f.items)
+    elif f.kind == "map":
+        out["type"] = "object"
+        out["propertyNames"] = {"pattern": ENV_NAME_RE.pattern}
+        out["additionalProperties"] = {"type": ["string", "number", "boolean"]}
+    elif f.kind == "object":
+        out.update(_object_schema(f.children))
+    if f.default is not None:
+        out["default"] = f.default
+    return out
+
+
+def _object_schema(children: dict) -> dict:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": [k for k, f in children.items() if f.required],
+        "properties": {k: _json_schema(f) for k, f in children.items()},
+    }
+
+
+def json_schema() -> dict:
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema",
+              "$id": "https://envbuilder.dev/schema/spec-1.json",
+              "title": "envbuilder spec"}
+    schema.update(_object_schema(SPEC_FIELDS))
+    return schema

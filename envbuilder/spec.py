@@ -1,0 +1,211 @@
+"""The spec: what the user asked for, validated, as typed objects."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import EnvbuilderError, SpecErrors
+from .schema import validate
+from .yamlsource import SourceDoc, read_spec_file
+
+PIP_PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9,._-]+\])?==([A-Za-z0-9.+!_-]+)$")
+APT_RE = re.compile(r"^([a-z0-9][a-z0-9+.-]+)(=[A-Za-z0-9.+:~_-]+)?$")
+CONDA_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(=|==)([A-Za-z0-9.+_*-]+)$")
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    version: str
+    index_url: str | None = None
+
+    @property
+    def family(self) -> str:
+        """tensorflow or pytorch: what Horovod and the smoke suite care about."""
+        return "pytorch" if self.name == "pytorch" else "tensorflow"
+
+    @property
+    def module(self) -> str:
+        return "torch" if self.name == "pytorch" else "tensorflow"
+
+
+@dataclass(frozen=True)
+class Cuda:
+    version: str
+    cudnn: str | None = None
+    nccl: str | None = None
+    driver: str | None = None
+    compute_capability: str | None = None
+
+
+@dataclass(frozen=True)
+class Mpi:
+    flavor: str
+    version: str
+    pmi: str = "pmix"
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class Horovod:
+    version: str
+    operations: tuple[str, ...] = ("mpi", "gloo")
+
+    @property
+    def controllers(self) -> tuple[str, ...]:
+        return tuple(op for op in ("mpi", "gloo") if op in self.operations)
+
+
+@dataclass(frozen=True)
+class Packages:
+    pip: tuple[str, ...] = ()
+    apt: tuple[str, ...] = ()
+    conda: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Cluster:
+    partition: str | None = None
+    account: str | None = None
+    nodes: int = 1
+    gpus_per_node: int | None = None
+    ntasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem_per_cpu: str | None = None
+    time: str | None = None
+    binds: tuple[str, ...] = ()
+    network_interface: str | None = None
+    runtime: str = "apptainer"
+    image_path: str | None = None
+    command: str | None = None
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    framework: Framework
+    python: str
+    description: str | None = None
+    cuda: Cuda | None = None
+    mpi: Mpi | None = None
+    horovod: Horovod | None = None
+    packages: Packages = field(default_factory=Packages)
+    base: str | None = None
+    runtime_base: str | None = None
+    base_os: str | None = None
+    targets: tuple[str, ...] = ("docker", "apptainer")
+    env: tuple[tuple[str, str], ...] = ()
+    cluster: Cluster = field(default_factory=Cluster)
+    # where it came from: for messages that point at a line
+    doc: SourceDoc | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def gpu(self) -> bool:
+        return self.cuda is not None
+
+    def line_of(self, dotted: str) -> int | None:
+        return self.doc.line_of(dotted) if self.doc else None
+
+    def error(self, dotted: str, reason: str, fix: str = "", **kw) -> EnvbuilderError:
+        return EnvbuilderError(dotted, reason, fix, line=self.line_of(dotted),
+                               source=self.doc.path if self.doc else None, **kw)
+
+    def canonical(self) -> dict:
+        """The spec as normalised data (defaults filled in): what the manifest records."""
+        out = {
+            "name": self.name,
+            "description": self.description,
+            "framework": _drop_none(vars(self.framework)),
+            "python": self.python,
+            "cuda": _drop_none(vars(self.cuda)) if self.cuda else None,
+            "mpi": _drop_none(vars(self.mpi)) if self.mpi else None,
+            "horovod": {"version": self.horovod.version, "operations": list(self.horovod.operations)}
+            if self.horovod else None,
+            "packages": {k: list(getattr(self.packages, k)) for k in ("pip", "apt", "conda")},
+            "base": self.base,
+            "runtime_base": self.runtime_base,
+            "base_os": self.base_os,
+            "targets": list(self.targets),
+            "env": dict(self.env),
+            "cluster": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(self.cluster).items()},
+        }
+        return out
+
+    def sha256(self) -> str:
+        text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _drop_none(d: dict) -> dict:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _check_packages(data: dict, doc: SourceDoc) -> list[EnvbuilderError]:
+    errors = []
+    pk = data.get("packages") or {}
+    for n, entry in enumerate(pk.get("pip") or []):
+        if entry is not None and not PIP_PIN_RE.match(entry):
+            errors.append(EnvbuilderError(
+                f"packages.pip[{n}]", f"{entry!r} is not pinned to one version",
+                f"write it as name==version (e.g. {re.split('[<>=~! ]', entry)[0] or 'h5py'}==1.2.3); "
+                "pins keep the image reproducible", line=doc.line_of(f"packages.pip[{n}]"), source=doc.path))
+    for n, entry in enumerate(pk.get("apt") or []):
+        if entry is not None and not APT_RE.match(entry):
+            errors.append(EnvbuilderError(
+                f"packages.apt[{n}]", f"{entry!r} is not a Debian package name",
+                "write name or name=version (e.g. git=1:2.39.5-0+deb12u1)",
+                line=doc.line_of(f"packages.apt[{n}]"), source=doc.path))
+    for n, entry in enumerate(pk.get("conda") or []):
+        if entry is not None and not CONDA_RE.match(entry):
+            errors.append(EnvbuilderError(
+                f"packages.conda[{n}]", f"{entry!r} is not pinned to one version",
+                "write it as name=version (e.g. numpy=1.26.4)",
+                line=doc.line_of(f"packages.conda[{n}]"), source=doc.path))
+    hv = data.get("horovod") or {}
+    ops = hv.get("operations") or []
+    if hv and not ops:
+        errors.append(EnvbuilderError("horovod.operations", "is empty",
+                                      "list at least one of nccl, mpi, gloo",
+                                      line=doc.line_of("horovod.operations"), source=doc.path))
+    if len(set(ops)) != len(ops):
+        errors.append(EnvbuilderError("horovod.operations", "lists an operation twice",
+                                      "name each operation once", line=doc.line_of("horovod.operations"),
+                                      source=doc.path))
+    return errors
+
+
+def spec_from_doc(doc: SourceDoc) -> Spec:
+    data = validate(doc)
+    errors = _check_packages(data, doc)
+    if errors:
+        raise SpecErrors(errors)
+    fw = data["framework"]
+    cl = data.get("cluster") or {}
+    pk = data.get("packages") or {}
+    hv = data.get("horovod")
+    return Spec(
+        name=data["name"],
+        description=data.get("description"),
+        framework=Framework(fw["name"], fw["version"], fw.get("index_url")),
+        python=data["python"],
+        cuda=Cuda(**data["cuda"]) if data.get("cuda") else None,
+        mpi=Mpi(**data["mpi"]) if data.get("mpi") else None,
+        horovod=Horovod(hv["version"], tuple(hv.get("operations") or ("mpi", "gloo"))) if hv else None,
+        packages=Packages(tuple(pk.get("pip") or ()), tuple(pk.get("apt") or ()), tuple(pk.get("conda") or ())),
+        base=data.get("base"),
+        runtime_base=data.get("runtime_base"),
+        base_os=data.get("base_os"),
+        targets=tuple(data.get("targets") or ("docker", "apptainer")),
+        env=tuple(sorted((data.get("env") or {}).items())),
+        cluster=Cluster(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in cl.items()
+                           if v is not None}) if cl else Cluster(),
+        doc=doc,
+    )
+
+
+def load_spec(path: str | Path) -> Spec:
+    return spec_from_doc(read_spec_file(path))

@@ -72,7 +72,6 @@ def render_sbatch(stack: Stack) -> str:
         "# Hygiene: no ~/.local packages, a fixed locale, a throw-away HOME per job",
         "export PYTHONNOUSERSITE=1",
         "export LC_ALL=C.UTF-8 LANG=C.UTF-8",
-        "JOBHOME=\"${SLURM_TMPDIR:-/tmp}/envbuilder-home.${SLURM_JOB_ID:-$$}\"",
     ]
     if cl.network_interface:
         iface = shlex.quote(cl.network_interface)
@@ -114,6 +113,7 @@ def _launch(stack: Stack, runtime: str, srun_mpi: str) -> list[str]:
         exe = RUNTIME_EXEC[runtime]
         nv = " --nv" if gpu else ""
         return [
+            "JOBHOME=\"${SLURM_TMPDIR:-/tmp}/envbuilder-home.${SLURM_JOB_ID:-$$}\"",
             "srun --ntasks-per-node=1 mkdir -p \"$JOBHOME\"",
             "bind_args=()",
             "for b in \"${binds[@]}\"; do bind_args+=(--bind \"$b\"); done",

@@ -1,0 +1,44 @@
+"""Shared test helpers: run the real `envbuilder` command in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = ROOT / "recipes"
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+def run_envbuilder(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 120) -> Result:
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, "-m", "envbuilder", *args], cwd=cwd or ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def cli():
+    return run_envbuilder
+
+
+@pytest.fixture
+def write_spec(tmp_path):
+    def _write(text: str, name: str = "spec.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+    return _write

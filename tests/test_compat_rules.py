@@ -1,0 +1,112 @@
+"""Impossible version mixes are refused with the rule's reason, a fix and the nearest preset."""
+
+from __future__ import annotations
+
+import pytest
+
+GPU_TF = """\
+name: demo
+framework: {name: tensorflow, version: "2.12.1"}
+python: "3.10"
+cuda: {version: "11.8", cudnn: "8", nccl: "2.15.5"}
+mpi: {flavor: openmpi, version: "4.1.5", pmi: pmix}
+horovod: {version: "0.28.1", operations: [nccl, mpi, gloo]}
+"""
+
+
+def check(cli, write_spec, text):
+    return cli("check", str(write_spec(text)))
+
+
+@pytest.mark.parametrize("change,needles", [
+    # Horovod 0.28.1 with Keras 3
+    ({'version: "2.12.1"': 'version: "2.16.1"', '"11.8", cudnn: "8", nccl: "2.15.5"': '"12.3"'},
+     ["HVD_TF_KERAS3", "Keras 3", "tensorflow 2.15.1"]),
+    # intel-tensorflow stops at 2.14
+    ({"name: tensorflow,": "name: intel-tensorflow,", 'version: "2.12.1"': 'version: "2.15.0"',
+      "cuda: {version: \"11.8\", cudnn: \"8\", nccl: \"2.15.5\"}\n": "",
+      "operations: [nccl, mpi, gloo]": "operations: [mpi, gloo]"},
+     ["INTEL_TF_MAX", "2.14.0 is the last release", "tensorflow-cpu"]),
+    # NCCL built for another CUDA major
+    ({'nccl: "2.15.5"': 'nccl: "2.19.3"'}, ["NCCL_MAJOR", "CUDA 12.x", 'nccl: "2.15.5"']),
+    # TF 2.12 wheels are CUDA 11
+    ({'"11.8", cudnn: "8", nccl: "2.15.5"': '"12.2"'}, ["TF_CUDA_MAJOR", "CUDA 11.8"]),
+    # Open MPI 5 has no PMI-2
+    ({'version: "4.1.5", pmi: pmix': 'version: "5.0.0", pmi: pmi2'}, ["MPI_PMI", "pmi: pmix"]),
+    # the cluster's driver is too old for CUDA 11.8
+    ({'nccl: "2.15.5"': 'nccl: "2.15.5", driver: "418.87"'}, ["DRIVER_MIN", ">= 520.61.05"]),
+    # Python outside the framework's wheels
+    ({'python: "3.10"': 'python: "3.12"'}, ["FW_PYTHON", "3.8 to 3.11"]),
+    # NCCL operations on a CPU stack
+    ({"cuda: {version: \"11.8\", cudnn: \"8\", nccl: \"2.15.5\"}\n": "",
+      "name: tensorflow,": "name: tensorflow-cpu,"}, ["HVD_NCCL_CPU", "remove nccl"]),
+    # Horovod's MPI controller without an MPI
+    ({"mpi: {flavor: openmpi, version: \"4.1.5\", pmi: pmix}\n": ""}, ["HVD_MPI_MISSING", "add mpi:"]),
+])
+def test_impossible_mixes_are_refused(cli, write_spec, change, needles):
+    text = GPU_TF
+    for old, new in change.items():
+        assert old in text
+        text = text.replace(old, new)
+    r = check(cli, write_spec, text)
+    assert r.code == 2, r.out + r.err
+    assert "Traceback" not in r.err
+    for n in needles:
+        assert n in r.err, r.err
+    assert "nearest known-good preset: recipes/" in r.err
+
+
+def test_good_gpu_spec_passes(cli, write_spec):
+    r = check(cli, write_spec, GPU_TF)
+    assert r.code == 0, r.err
+    assert "ok" in r.out
+
+
+def test_driver_within_minor_version_compat_warns(cli, write_spec):
+    r = check(cli, write_spec, GPU_TF.replace('nccl: "2.15.5"', 'nccl: "2.15.5", driver: "470.82.01"'))
+    assert r.code == 0, r.err
+    assert "minor-version compatibility" in r.err
+
+
+def test_torch_21_gets_the_cxx17_fix(cli, write_spec, tmp_path):
+    spec = write_spec("""\
+name: t
+framework: {name: pytorch, version: "2.13.0+cpu"}
+python: "3.11"
+base: local/debian:bookworm
+mpi: {flavor: openmpi, version: "4.1.4"}
+horovod: {version: "0.28.1", operations: [mpi, gloo]}
+""")
+    r = cli("build", str(spec), "--no-build", "--out", str(tmp_path / "o"))
+    assert r.code == 0, r.err
+    docker = (tmp_path / "o" / "Dockerfile").read_text()
+    assert "sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/'" in docker
+    assert "horovod/torch/CMakeLists.txt" in docker
+    assert "horovod#3996" in docker
+
+
+def test_python_must_match_the_base_os(cli, write_spec):
+    r = check(cli, write_spec, GPU_TF.replace('python: "3.10"', 'python: "3.11"')
+              + "base_os: ubuntu22.04\n")
+    assert r.code == 2
+    assert "PYTHON_BASE" in r.err and "has Python 3.10" in r.err
+
+
+def test_unknown_base_needs_base_os(cli, write_spec):
+    r = check(cli, write_spec, GPU_TF.replace("cuda: {", "base: myregistry/img:1\ncuda: {"))
+    assert r.code == 2
+    assert "base_os" in r.err
+
+
+def test_ngc_base_must_agree_with_what_it_ships(cli, write_spec):
+    text = """\
+name: n
+base: nvcr.io/nvidia/tensorflow:24.01-tf2-py3
+framework: {name: tensorflow, version: "2.15.0"}
+python: "3.10"
+cuda: {version: "12.3"}
+horovod: {version: "0.28.1", operations: [nccl, gloo]}
+"""
+    r = check(cli, write_spec, text)
+    assert r.code == 2
+    assert "NGC_FRAMEWORK" in r.err and "ships tensorflow 2.14.0" in r.err

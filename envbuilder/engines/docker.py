@@ -1,0 +1,142 @@
+"""Build with the Docker engine. The SDK checks the engine (reachable, version, disk); the
+build itself goes through a docker CLI with BuildKit, which secrets and bind mounts need."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..errors import CheckFailed, EnvbuilderError
+from ..render.manifest import image_tag
+from .context import check_inputs, stage_context
+
+MIN_API = (1, 40)            # Docker 19.03: BuildKit secrets and RUN --mount
+MIN_FREE_GB = {False: 8, True: 30}   # a CPU stack / a CUDA stack, image + build cache
+STEP_RE = re.compile(r"^#\d+ \[([^\]]+)\] (.*)$")
+
+
+def _engine():
+    try:
+        import docker
+    except ImportError:  # a declared dependency; only a broken install lacks it
+        raise CheckFailed("docker engine", "the docker Python SDK is not installed",
+                          "pip install docker") from None
+    try:
+        client = docker.from_env(timeout=60)
+        client.ping()
+    except Exception as exc:  # the SDK raises several unrelated types for "no engine"
+        raise CheckFailed("docker engine", f"no Docker engine answers ({type(exc).__name__})",
+                          "start it (e.g. `dockerd &` or `systemctl start docker`) or set DOCKER_HOST; "
+                          "--no-build writes the files without an engine") from None
+    return client
+
+
+def _check_engine(client, gpu: bool) -> None:
+    version = client.version()
+    api = tuple(int(p) for p in version.get("ApiVersion", "0.0").split(".")[:2])
+    if api < MIN_API:
+        raise CheckFailed("docker engine", f"engine API {version.get('ApiVersion')} "
+                          f"(Docker {version.get('Version')}) is too old for BuildKit secrets",
+                          "use Docker >= 19.03")
+    root = client.info().get("DockerRootDir") or "/var/lib/docker"
+    probe = Path(root) if Path(root).exists() else Path("/")
+    free_gb = shutil.disk_usage(probe).free / 1e9
+    need = MIN_FREE_GB[gpu]
+    if free_gb < need:
+        raise CheckFailed("docker engine", f"only {free_gb:.1f} GB free under {root}; this build needs "
+                          f"about {need} GB", "free disk space (docker system prune) or move Docker's data root")
+
+
+def buildkit_cli() -> list[str]:
+    """The command prefix of a docker CLI that can run a BuildKit build."""
+    candidates = []
+    if os.environ.get("ENVBUILDER_DOCKER_CLI"):
+        candidates.append(os.environ["ENVBUILDER_DOCKER_CLI"])
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        exe = Path(folder) / "docker"
+        if exe.is_file() and os.access(exe, os.X_OK) and str(exe) not in candidates:
+            candidates.append(str(exe))
+    for exe in candidates:
+        if subprocess.run([exe, "buildx", "version"], capture_output=True).returncode == 0:
+            return [exe, "buildx", "build", "--load"]
+        out = subprocess.run([exe, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True)
+        client_version = (out.stdout or "0").strip().split(".")[0]
+        if client_version.isdigit() and int(client_version) < 23:
+            return [exe, "build"]       # BuildKit built in, enabled by DOCKER_BUILDKIT=1
+    raise CheckFailed("docker build", "no docker CLI with BuildKit found (needs the buildx plugin, or a "
+                      "docker CLI older than 23 with BuildKit built in)",
+                      "install docker-buildx, or set ENVBUILDER_DOCKER_CLI to a CLI that has BuildKit")
+
+
+def docker_build_command(cli: list[str], context: Path, tag: str, ca_bundle: str | None) -> list[str]:
+    cmd = list(cli) + ["--progress=plain", "--tag", tag]
+    if ca_bundle:
+        cmd += ["--secret", f"id=ca,src={Path(ca_bundle).resolve()}"]
+    cmd.append(str(context))
+    return cmd
+
+
+def _failed_step(log_lines: list[str]) -> str:
+    """The step BuildKit was running when the build failed, as the Dockerfile names it."""
+    for line in reversed(log_lines):
+        m = re.search(r"failed to solve: .*?process \"(.+?)\" did not complete", line)
+        if m:
+            return m.group(1)[:200]
+    steps = [STEP_RE.match(l) for l in log_lines]
+    steps = [m for m in steps if m]
+    if steps:
+        return f"[{steps[-1].group(1)}] {steps[-1].group(2)[:160]}"
+    return "the build"
+
+
+def build(folder: Path, output, args) -> dict:
+    ca = args.ca_bundle or os.environ.get("ENVBUILDER_CA_BUNDLE")
+    wheelhouse = args.wheelhouse or os.environ.get("ENVBUILDER_WHEELHOUSE")
+    check_inputs(ca, wheelhouse)
+    if "docker" not in output.stack.spec.targets:
+        raise EnvbuilderError("targets", "the spec does not list docker, so there is no Dockerfile to build",
+                              "add docker to targets, or use --engine apptainer")
+    client = _engine()
+    _check_engine(client, output.stack.spec.cuda is not None)
+    cli = buildkit_cli()
+    tag = args.tag or image_tag(output.stack)
+    context = stage_context(folder, output.files, wheelhouse)
+    log_path = folder / "build.log"
+    cmd = docker_build_command(cli, context, tag, ca)
+    quiet = getattr(args, "json", False)
+    env = dict(os.environ, DOCKER_BUILDKIT="1")
+    started = time.monotonic()
+    lines: list[str] = []
+    shown_steps: set[str] = set()
+    try:
+        with open(log_path, "w", encoding="utf-8") as log:
+            log.write("$ " + " ".join(cmd) + "\n")
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    env=env, errors="replace")
+            for line in proc.stdout:
+                log.write(line)
+                lines.append(line.rstrip("\n"))
+                step = STEP_RE.match(line)
+                if not quiet and step and step.group(1) not in shown_steps:
+                    shown_steps.add(step.group(1))
+                    print(f"  [{step.group(1)}] {step.group(2)[:120]}", file=sys.stderr, flush=True)
+            code = proc.wait()
+    finally:
+        shutil.rmtree(context, ignore_errors=True)
+    seconds = time.monotonic() - started
+    if code != 0:
+        raise CheckFailed("docker build", f"step failed: {_failed_step(lines)}",
+                          f"the full log is {log_path}")
+    image = client.images.get(tag)
+    info = {"engine": "docker", "tag": tag, "id": image.id, "size_bytes": image.attrs.get("Size"),
+            "build_seconds": round(seconds, 1), "log": str(log_path)}
+    (folder / "image.json").write_text(json.dumps(info, indent=2) + "\n")
+    if not quiet:
+        print(f"built {tag} ({image.id[:19]}, {info['size_bytes'] / 1e6:.0f} MB) in {seconds:.0f} s; log {log_path}")
+    return info

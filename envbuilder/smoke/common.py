@@ -1,0 +1,251 @@
+"""Helpers shared by the launcher, the rank wrapper and the worker.
+
+Standard library only, Python >= 3.8 syntax: this folder is copied into images as
+``envbuilder_smoke`` and must run on whatever Python the image has.
+"""
+
+import json
+import os
+import re
+import signal
+import tempfile
+import time
+
+REPORT_SCHEMA = "envbuilder.smoke-report/1"
+BEGIN_MARKER = "=====ENVBUILDER-SMOKE-REPORT-BEGIN====="
+END_MARKER = "=====ENVBUILDER-SMOKE-REPORT-END====="
+
+PASS = "pass"
+FAIL = "fail"
+SKIP = "skip"
+
+# Test hook (not a user option): ENVBUILDER_SMOKE_FAULT=KIND:RANK[:CHECK]
+# KIND is hang or crash; CHECK a check-name prefix (default: the first allreduce check).
+FAULT_ENV = "ENVBUILDER_SMOKE_FAULT"
+
+FRAMEWORK_MODULES = {
+    "tensorflow": "tensorflow",
+    "tensorflow-cpu": "tensorflow",
+    "tensorflow-gpu": "tensorflow",
+    "intel-tensorflow": "tensorflow",
+    "pytorch": "torch",
+    "torch": "torch",
+}
+
+
+def result(name, status, detail="", figure="", data=None):
+    """One check result as a plain dict (JSON ready)."""
+    out = {"name": name, "status": status, "detail": detail, "figure": figure}
+    if data is not None:
+        out["data"] = data
+    return out
+
+
+# ----------------------------------------------------------------------------- versions
+
+_RELEASE = re.compile(r"^\s*v?(\d+(?:\.\d+)*)(.*)$")
+
+
+def parse_release(text):
+    """'2.13.0+cpu' -> ((2, 13, 0), '+cpu'); None when there is no leading release."""
+    if text is None:
+        return None
+    m = _RELEASE.match(str(text))
+    if not m:
+        return None
+    return tuple(int(p) for p in m.group(1).split(".")), m.group(2)
+
+
+def version_matches(expected, installed):
+    """Release-prefix match of the manifest contract.
+
+    '3.11' matches '3.11.2'; '2.13.0' matches '2.13.0+cpu'; '2.13.0' does not match
+    '2.13.1' nor '2.13.0rc1' (a pre-release is not the release). An expected version
+    with a suffix of its own ('2.13.0rc1', '1.0.post1') must match exactly (local
+    label after '+' ignored).
+    """
+    if expected is None:
+        return True
+    if installed is None:
+        return False
+    exp = parse_release(expected)
+    inst = parse_release(installed)
+    if exp is None or inst is None:
+        return str(expected).strip() == str(installed).strip()
+    exp_rel, exp_rest = exp
+    inst_rel, inst_rest = inst
+    if inst_rel[:len(exp_rel)] != exp_rel:
+        return False
+    exp_suffix = exp_rest.split("+", 1)[0]
+    inst_suffix = inst_rest.split("+", 1)[0]
+    if exp_suffix:
+        return len(inst_rel) == len(exp_rel) and inst_suffix == exp_suffix
+    if len(inst_rel) == len(exp_rel):
+        # '2.13.0' vs '2.13.0rc1' / '2.13.0.dev3': a pre/dev release is not the release
+        return not re.match(r"^[.\-_]?(a|b|c|rc|alpha|beta|pre|preview|dev)\d*", inst_suffix)
+    return True
+
+
+# ----------------------------------------------------------------------------- files
+
+def write_json_atomic(path, obj):
+    """Write JSON so that a reader never sees half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(obj, fh, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_json(path):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def rank_file(workdir, rank):
+    return os.path.join(workdir, "rank-%d.json" % rank)
+
+
+def exit_file(workdir, rank):
+    return os.path.join(workdir, "rank-%d.exit.json" % rank)
+
+
+# ----------------------------------------------------------------------------- environment
+
+RANK_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK",
+            "SLURM_PROCID")
+SIZE_ENV = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
+LOCAL_RANK_ENV = ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                  "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+LOCAL_SIZE_ENV = ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                  "MV2_COMM_WORLD_LOCAL_SIZE")
+
+
+def _env_int(names, default):
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value)
+            except ValueError:
+                continue
+    return default
+
+
+def env_rank():
+    """This process's rank as the launcher (horovodrun, mpirun, srun) told it."""
+    return _env_int(RANK_ENV, 0)
+
+
+def env_size():
+    return _env_int(SIZE_ENV, 1)
+
+
+def env_local_rank():
+    return _env_int(LOCAL_RANK_ENV, env_rank())
+
+
+def env_local_size():
+    size = _env_int(LOCAL_SIZE_ENV, 0)
+    if size:
+        return size
+    tasks = os.environ.get("SLURM_TASKS_PER_NODE", "")
+    m = re.match(r"^(\d+)", tasks)
+    if m:
+        return int(m.group(1))
+    return env_size()
+
+
+def cpu_count():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def threads_per_rank(local_ranks):
+    return max(1, cpu_count() // max(1, local_ranks))
+
+
+def parse_fault(spec):
+    """'hang:1' -> ('hang', 1, None); 'crash:0:train' -> ('crash', 0, 'train')."""
+    if not spec:
+        return None
+    parts = spec.split(":")
+    if len(parts) < 2 or parts[0] not in ("hang", "crash"):
+        return None
+    try:
+        rank = int(parts[1])
+    except ValueError:
+        return None
+    return parts[0], rank, (parts[2] if len(parts) > 2 and parts[2] else None)
+
+
+def signal_name(num):
+    try:
+        return signal.Signals(num).name
+    except (ValueError, AttributeError):
+        return "signal %d" % num
+
+
+def describe_exit(code):
+    """Popen.returncode -> words ('exit code 3', 'killed by SIGSEGV')."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        return "killed by %s" % signal_name(-code)
+    if code > 128 and code - 128 < 65:
+        return "exit code %d (%s?)" % (code, signal_name(code - 128))
+    return "exit code %d" % code
+
+
+def now():
+    return time.time()
+
+
+def fmt_bytes(n):
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            value = n / float(size)
+            return ("%d %s" % (value, unit)) if value == int(value) else ("%.1f %s" % (value, unit))
+    return "%d B" % n
+
+
+def fmt_rate(bytes_per_s):
+    if bytes_per_s >= 1e9:
+        return "%.2f GB/s" % (bytes_per_s / 1e9)
+    if bytes_per_s >= 1e6:
+        return "%.1f MB/s" % (bytes_per_s / 1e6)
+    return "%.1f kB/s" % (bytes_per_s / 1e3)
+
+
+def format_table(checks, width=None):
+    """Plain text table: check, result, figure (+ first detail line on failure)."""
+    rows = [("CHECK", "RESULT", "FIGURE")]
+    for c in checks:
+        figure = c.get("figure", "") or ""
+        if c.get("status") == SKIP and not figure and c.get("detail"):
+            figure = "(%s)" % str(c["detail"]).splitlines()[0]
+        rows.append((c.get("name", "?"), c.get("status", "?").upper(), figure))
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    lines = []
+    for i, r in enumerate(rows):
+        lines.append(("%s  %s  %s" % (r[0].ljust(w0), r[1].ljust(w1), r[2])).rstrip())
+        if i == 0:
+            continue
+        c = checks[i - 1]
+        if c.get("status") == FAIL and c.get("detail"):
+            for dl in str(c["detail"]).splitlines()[:6]:
+                lines.append("%s    %s" % (" " * w0, dl))
+    return "\n".join(lines)

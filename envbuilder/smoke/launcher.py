@@ -1,0 +1,650 @@
+"""The smoke suite's launcher: static checks here, then the per-rank worker N ways.
+
+    python -m envbuilder_smoke --ranks 2 [--launcher auto|gloo|mpi|srun|none] [--manifest PATH]
+                               [--json] [--timeout S]
+
+For every requested Horovod controller (manifest ``expect.horovod.controllers``) and framework
+binding it starts N ranks (``horovodrun --gloo`` for gloo, ``mpirun`` for mpi, ``srun`` when
+asked), each through ``rank.py``, watches the per-rank files in a temporary folder, enforces a
+timeout on every check (a stuck rank's process group is killed), merges the ranks' results and
+names the ranks that crashed or hung. The report goes to stdout as a table, or with --json as
+JSON between two marker lines. Exit status: 0 no check failed, 1 a check failed, 2 bad input.
+
+Standard library only here (the framework is imported by the static checks, and only the
+manifest's one); Python >= 3.8.
+"""
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from . import __version__
+from .common import (BEGIN_MARKER, END_MARKER, FAIL, FAULT_ENV, PASS, REPORT_SCHEMA, SKIP,
+                     describe_exit, exit_file, format_table, rank_file, read_json, result,
+                     signal_name, threads_per_rank, cpu_count)
+from .static import ManifestError, framework_key, framework_module, load_manifest, run_static
+
+DEFAULT_MANIFEST = "/opt/envbuilder/manifest.json"
+POLL_S = 0.2
+GRACE_S = 5.0
+PACKAGE = __package__ or "envbuilder_smoke"
+
+
+def log(args, text):
+    if not args.quiet:
+        sys.stderr.write("[smoke] %s\n" % text)
+        sys.stderr.flush()
+
+
+def package_root():
+    """The folder that holds the suite's top-level package (put on the ranks' PYTHONPATH)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    depth = len(PACKAGE.split("."))
+    for _ in range(depth):
+        here = os.path.dirname(here)
+    return here
+
+
+# ----------------------------------------------------------------------------- runs
+
+class Run(object):
+    def __init__(self, controller, launcher, framework, first):
+        self.controller = controller      # mpi | gloo | single
+        self.launcher = launcher          # horovodrun | mpirun | srun | none
+        self.framework = framework        # torch | tensorflow
+        self.first = first
+        self.tag = "[%s]" % controller
+        self.command = []
+        self.wall_s = 0.0
+        self.returncode = None
+        self.killed = ""
+        self.start_error = ""
+        self.log_path = ""
+        self.workdir = ""
+        self.ranks = 0
+
+
+def plan_runs(expect, args):
+    """(controller, launcher, framework module) for every Horovod run, in order."""
+    hv = expect.get("horovod")
+    if not hv:
+        return []
+    mods = []
+    for fw in hv.get("frameworks") or [framework_key(framework_module(expect) or "torch")]:
+        mod = "torch" if fw in ("pytorch", "torch") else "tensorflow"
+        if mod not in mods:
+            mods.append(mod)
+    if args.controllers:
+        ctrls = [c.strip() for c in args.controllers.split(",") if c.strip()]
+    else:
+        ctrls = list(hv.get("controllers") or ["gloo"])
+    launcher = args.launcher
+    if launcher == "none":
+        pairs = [("single", "none")]
+    elif launcher == "gloo":
+        pairs = [("gloo", "horovodrun")]
+    elif launcher == "mpi":
+        pairs = [("mpi", "mpirun")]
+    elif launcher == "srun":
+        pairs = [("mpi", "srun")]
+    else:
+        pairs = []
+        for c in ctrls:
+            if c == "gloo":
+                pairs.append(("gloo", "horovodrun"))
+            elif c == "mpi":
+                pairs.append(("mpi", "mpirun"))
+    runs = []
+    for mod in mods:
+        for ctrl, how in pairs:
+            runs.append(Run(ctrl, how, mod, first=not runs))
+    return runs
+
+
+def find_horovodrun():
+    cand = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    if os.access(cand, os.X_OK):
+        return [cand]
+    exe = shutil.which("horovodrun")
+    if exe:
+        return [exe]
+    return [sys.executable, "-c", "import sys; from horovod.runner.launch import run_commandline; "
+            "sys.argv[0] = 'horovodrun'; run_commandline()"]
+
+
+def mpi_flavor():
+    from .static import mpirun_version
+    flavor, _version, _text, exe = mpirun_version()
+    return flavor, exe
+
+
+def build_command(run, args, worker_args):
+    n = run.ranks
+    py = [sys.executable, "-m", PACKAGE + ".rank"] + worker_args
+    if run.launcher == "horovodrun":
+        return find_horovodrun() + ["-np", str(n), "-H", "localhost:%d" % n, "--gloo"] + \
+            shlex.split(args.horovodrun_args or "") + py
+    if run.launcher == "mpirun":
+        flavor, exe = mpi_flavor()
+        if not exe:
+            raise RuntimeError("mpirun not found on PATH (the mpi controller needs it)")
+        cmd = [exe, "-np", str(n)]
+        if flavor == "openmpi":
+            cmd += ["--oversubscribe", "--bind-to", "none", "--map-by", "slot"]
+            if hasattr(os, "geteuid") and os.geteuid() == 0:
+                cmd.append("--allow-run-as-root")
+        return cmd + shlex.split(args.mpirun_args or "") + py
+    if run.launcher == "srun":
+        exe = shutil.which("srun")
+        if not exe:
+            raise RuntimeError("srun not found on PATH")
+        cmd = [exe, "-n", str(n)]
+        if args.srun_mpi:
+            cmd.append("--mpi=%s" % args.srun_mpi)
+        return cmd + shlex.split(args.srun_args or "") + py
+    return py
+
+
+def run_env(run, args, expect):
+    env = dict(os.environ)
+    root = package_root()
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["HOROVOD_TIMELINE"] = "DYNAMIC"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    elif run.launcher != "srun":
+        # ranks share this node: split its cores (srun: the job script sets cpus-per-task)
+        env["OMP_NUM_THREADS"] = str(threads_per_rank(run.ranks))
+    ops = [o for o in ((expect.get("horovod") or {}).get("operations") or []) if o in ("mpi", "gloo")]
+    if run.controller in ("mpi", "gloo"):
+        env["HOROVOD_CONTROLLER"] = run.controller
+        if run.controller in ops:
+            env["HOROVOD_CPU_OPERATIONS"] = run.controller
+        elif ops:
+            env["HOROVOD_CPU_OPERATIONS"] = ops[0]
+    if run.launcher in ("mpirun", "none", "srun"):
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        # containers forbid the cross-memory-attach that OpenMPI's shared-memory transport tries
+        env.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+        if run.ranks >= cpu_count():
+            # as many ranks as cores (plus Horovod's background threads): busy-polling MPI
+            # would steal the cores the ranks compute on
+            env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    if run.launcher == "none":
+        env.setdefault("HOROVOD_RANK", "0")
+        env.setdefault("HOROVOD_SIZE", "1")
+        env.setdefault("HOROVOD_LOCAL_RANK", "0")
+        env.setdefault("HOROVOD_LOCAL_SIZE", "1")
+    return env
+
+
+def _kill(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except (OSError, TypeError):
+        pass
+
+
+def _killpg(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        pass
+
+
+def read_ranks(workdir, n):
+    states = {}
+    exits = {}
+    for r in range(n):
+        st = read_json(rank_file(workdir, r))
+        if st is not None:
+            states[r] = st
+        ex = read_json(exit_file(workdir, r))
+        if ex is not None:
+            exits[r] = ex
+    return states, exits
+
+
+def stop_run(proc, states, exits):
+    """SIGTERM the run's process group and every rank we know of, then SIGKILL."""
+    pids = set()
+    for st in states.values():
+        pids.add(st.get("pid"))
+    for ex in exits.values():
+        pids.add(ex.get("worker_pid"))
+        pids.add(ex.get("wrapper_pid"))
+    pids.discard(None)
+    _killpg(proc.pid, signal.SIGTERM)
+    for pid in pids:
+        _kill(pid, signal.SIGTERM)
+    deadline = time.time() + 3.0
+    while time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    _killpg(proc.pid, signal.SIGKILL)
+    for pid in pids:
+        _kill(pid, signal.SIGKILL)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def execute_run(run, args, expect, manifest_path, workdir):
+    """Start the run, watch it, stop it on a timeout or crash. Returns (states, exits, events)."""
+    run.workdir = workdir
+    os.makedirs(workdir, exist_ok=True)
+    worker_args = ["--workdir", workdir, "--manifest", manifest_path, "--controller", run.controller,
+                   "--framework", run.framework, "--ranks", str(run.ranks)]
+    if run.first:
+        worker_args.append("--first")
+    if args.require_gpu:
+        worker_args.append("--require-gpu")
+    events = {}   # rank -> {"kind": crash|hang|never|killed, "text": ...}
+    try:
+        run.command = build_command(run, args, worker_args)
+    except RuntimeError as exc:
+        run.start_error = str(exc)
+        return {}, {}, events
+    env = run_env(run, args, expect)
+    run.log_path = os.path.join(workdir, "run.log")
+    t0 = time.time()
+    with open(run.log_path, "wb") as logf:
+        try:
+            proc = subprocess.Popen(run.command, stdout=logf, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        except OSError as exc:
+            run.start_error = "cannot start %s: %s" % (run.command[0], exc)
+            return {}, {}, events
+        timeout = args.timeout
+        crash_seen_at = None
+        stop_reason = ""
+        while True:
+            time.sleep(POLL_S)
+            states, exits = read_ranks(workdir, run.ranks)
+            now = time.time()
+            if proc.poll() is not None:
+                break
+            if len(exits) == run.ranks:
+                # every rank ended: give the launcher a moment to exit by itself
+                try:
+                    proc.wait(timeout=GRACE_S)
+                except subprocess.TimeoutExpired:
+                    stop_reason = "launcher did not exit after all ranks ended"
+                break
+            crashed = [r for r, ex in exits.items() if ex.get("returncode") and not ex.get("terminated")]
+            if crashed and crash_seen_at is None:
+                crash_seen_at = now
+            if crash_seen_at is not None and now - crash_seen_at > GRACE_S:
+                stop_reason = "rank %s crashed" % ",".join(str(r) for r in crashed)
+                break
+            stuck = []
+            for r in range(run.ranks):
+                st = states.get(r)
+                if r in exits:
+                    continue
+                if st is None:
+                    if now - t0 > timeout:
+                        events[r] = {"kind": "never", "text": "rank %d never started (no report "
+                                     "after %.0f s)" % (r, now - t0)}
+                        stuck.append(r)
+                    continue
+                running = st.get("running")
+                if running and now - running.get("since", now) > timeout:
+                    stuck.append(r)
+            if stuck:
+                stop_reason = "timeout"
+                _mark_hung(run, states, exits, events, stuck, timeout)
+                break
+        run.wall_s = time.time() - t0
+        if proc.poll() is None:
+            if stop_reason:
+                run.killed = stop_reason
+            stop_run(proc, *read_ranks(workdir, run.ranks))
+        run.returncode = proc.returncode
+    # the wrappers write their exit records as they go down
+    deadline = time.time() + 2.0
+    while time.time() < deadline:
+        states, exits = read_ranks(workdir, run.ranks)
+        if all(r in exits or (states.get(r) or {}).get("done") for r in range(run.ranks)):
+            break
+        time.sleep(0.1)
+    states, exits = read_ranks(workdir, run.ranks)
+    _mark_crashes(run, states, exits, events)
+    return states, exits, events
+
+
+def _mark_hung(run, states, exits, events, stuck, timeout):
+    """Name the ranks that stopped making progress: the ones behind the others."""
+    seqs = {r: (states.get(r) or {}).get("seq", -1) for r in stuck if states.get(r)}
+    low = min(seqs.values()) if seqs else None
+    high = max(seqs.values()) if seqs else None
+    for r in stuck:
+        st = states.get(r)
+        if st is None:
+            continue
+        running = st.get("running") or {}
+        where = "'%s' at '%s'" % (running.get("check"), running.get("phase"))
+        if low is not None and low != high and seqs.get(r) != low:
+            events[r] = {"kind": "waiting", "text": "rank %d waiting in %s for the stuck rank(s)" % (
+                r, where)}
+        else:
+            events[r] = {"kind": "hang", "text": "rank %d hung: no progress for %.0f s in %s "
+                         "(timeout %.0f s)" % (r, time.time() - running.get("since", time.time()),
+                                               where, timeout)}
+    # ranks that are done or not stuck but still running are victims of the stop
+    for r in range(run.ranks):
+        if r not in events and not (states.get(r) or {}).get("done") and r not in exits:
+            st = states.get(r) or {}
+            running = st.get("running") or {}
+            if running:
+                events[r] = {"kind": "waiting", "text": "rank %d stopped in '%s' at '%s' when the "
+                             "run was killed" % (r, running.get("check"), running.get("phase"))}
+
+
+def _mark_crashes(run, states, exits, events):
+    for r in range(run.ranks):
+        if r in events:
+            continue
+        st = states.get(r)
+        ex = exits.get(r)
+        if st and st.get("done"):
+            continue
+        running = (st or {}).get("running") or {}
+        where = ("during '%s' at '%s'" % (running.get("check"), running.get("phase"))) if running \
+            else "before reporting"
+        if ex and ex.get("returncode") and not ex.get("terminated"):
+            events[r] = {"kind": "crash", "text": "rank %d crashed (%s) %s" % (r, ex.get("how"), where),
+                         "at": ex.get("ended")}
+        elif ex and ex.get("terminated"):
+            events[r] = {"kind": "killed", "text": "rank %d was stopped by the launcher (%s) %s" % (
+                r, ", ".join(signal_name(s) for s in ex.get("signals_received") or []), where)}
+        elif st is None:
+            events[r] = {"kind": "never", "text": "rank %d never started" % r}
+        else:
+            events[r] = {"kind": "lost", "text": "rank %d ended without a report (%s) %s" % (
+                r, "run " + (run.killed or describe_exit(run.returncode)), where)}
+
+
+# ----------------------------------------------------------------------------- merging
+
+def merge_run(run, states, exits, events):
+    """One list of checks for this run, every rank's result folded in."""
+    from .worker import plan
+    names = list(plan(run.framework, run.controller, run.first))
+    per_name = {}
+    for r in range(run.ranks):
+        for res in (states.get(r) or {}).get("results", []):
+            per_name.setdefault(res["name"], {})[r] = res
+            if res["name"] not in names:
+                names.append(res["name"])
+    failures = [e for e in events.values() if e["kind"] in ("crash", "hang", "never")] or \
+        [e for e in events.values() if e["kind"] in ("lost", "killed", "waiting")]
+    first_failure = sorted(failures, key=lambda e: e.get("at") or 0)[0]["text"] if failures else ""
+    out = []
+    for name in names:
+        got = per_name.get(name, {})
+        if len(got) == run.ranks:
+            out.append(_fold(name, got))
+            continue
+        missing = [r for r in range(run.ranks) if r not in got]
+        culprits = []
+        for r in missing:
+            st = states.get(r) or {}
+            running = (st.get("running") or {}).get("check")
+            if running and (running == name or _same_step(running, name)):
+                culprits.append(events.get(r, {}).get("text") or "rank %d stopped in this check" % r)
+        if culprits:
+            detail = "; ".join(culprits)
+            res = result(name, FAIL, detail, "rank %s" % ",".join(str(r) for r in missing))
+        elif got:
+            res = _fold(name, got)
+            res["status"] = FAIL
+            res["detail"] = "ranks %s did not report: %s" % (
+                ",".join(str(r) for r in missing), first_failure or "run ended early")
+        else:
+            res = result(name, SKIP, "not run: %s" % (first_failure or run.start_error or
+                                                        "the run ended early"))
+        res["ranks"] = {str(r): _brief(got[r]) for r in sorted(got)}
+        out.append(res)
+    return out
+
+
+def _same_step(running, name):
+    """A check that reports several results runs under its first name."""
+    if running.startswith("train.") and name.startswith("perf.step."):
+        return running.split("[")[-1] == name.split("[")[-1]
+    if running.startswith("gpu.devices") and name.startswith("gpu."):
+        return running.split("[")[-1] == name.split("[")[-1]
+    return False
+
+
+def _brief(res):
+    out = {"status": res.get("status"), "figure": res.get("figure", "")}
+    if res.get("data") is not None:
+        out["data"] = res["data"]
+    if res.get("phases"):
+        out["phases"] = res["phases"]
+    if res.get("status") == FAIL:
+        out["detail"] = res.get("detail", "")
+    return out
+
+
+def _fold(name, got):
+    ranks = sorted(got)
+    r0 = got[ranks[0]]
+    statuses = [got[r]["status"] for r in ranks]
+    if FAIL in statuses:
+        status = FAIL
+        bad = [r for r in ranks if got[r]["status"] == FAIL]
+        details = set(got[r].get("detail", "") for r in bad)
+        if len(details) == 1 and len(bad) == len(ranks):
+            detail = "all ranks: %s" % details.pop()
+        else:
+            detail = "; ".join("rank %d: %s" % (r, got[r].get("detail", "")) for r in bad)
+    elif PASS in statuses:
+        status = PASS
+        detail = r0.get("detail", "")
+    else:
+        status = SKIP
+        detail = r0.get("detail", "")
+    res = result(name, status, detail, r0.get("figure", ""))
+    secs = [got[r].get("seconds") for r in ranks if got[r].get("seconds") is not None]
+    if secs:
+        res["seconds"] = max(secs)
+    res["ranks"] = {str(r): _brief(got[r]) for r in ranks}
+    return res
+
+
+def launch_check(run, events):
+    name = "launch.%s%s" % (framework_key(run.framework), run.tag)
+    cmd = " ".join(shlex.quote(c) for c in run.command)
+    if run.start_error:
+        return result(name, FAIL, run.start_error, "not started")
+    figure = "%.1f s wall, %d ranks" % (run.wall_s, run.ranks)
+    data = {"command": run.command, "returncode": run.returncode, "wall_s": round(run.wall_s, 2),
+            "killed": run.killed, "log": run.log_path}
+    bad = [e["text"] for e in events.values() if e["kind"] in ("crash", "hang", "never", "lost")]
+    if bad or run.killed or run.returncode not in (0, None):
+        tail = _log_tail(run.log_path)
+        why = "; ".join(bad) or run.killed or ("launcher %s" % describe_exit(run.returncode))
+        data["log_tail"] = tail
+        return result(name, FAIL, "%s\ncommand: %s\nlog tail:\n%s" % (why, cmd, tail), figure, data)
+    return result(name, PASS, cmd, figure, data)
+
+
+def _log_tail(path, lines=15):
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            fh.seek(max(0, fh.tell() - 16384))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def operations_check(expect, checks):
+    """Every requested tensor operation is built and was used (timeline evidence)."""
+    hv = expect.get("horovod") or {}
+    want = hv.get("operations") or []
+    if not want:
+        return None
+    build = next((c for c in checks if c["name"] == "horovod.build"), None)
+    flags = ((((build or {}).get("ranks") or {}).get("0") or {}).get("data") or {}).get("flags") or {}
+    used = set()
+    for c in checks:
+        if c["name"].startswith("horovod.cpu_ops") and c["status"] == PASS:
+            used.update(((((c.get("ranks") or {}).get("0") or {}).get("data") or {}).get("used")) or [])
+        if c["name"].startswith("gpu.nccl_allreduce") and c["status"] == PASS:
+            used.add("nccl")
+    gpu_skipped = any(c["name"].startswith("gpu.nccl_allreduce") and c["status"] == SKIP for c in checks)
+    ran = set(c["name"].split("[")[-1].rstrip("]") for c in checks
+              if c["name"].startswith("horovod.init[") and c["status"] == PASS)
+    problems, notes = [], []
+    for op in want:
+        built = flags.get("%s_built" % op)
+        if not build:
+            problems.append("%s: build flags unknown (horovod.build did not run)" % op)
+        elif not built:
+            problems.append("%s not built" % op)
+        elif op in used:
+            notes.append("%s built and used" % op)
+        elif op == "nccl" and gpu_skipped:
+            notes.append("nccl built; not exercised: no GPU")
+        elif op in ("mpi", "gloo") and op not in ran:
+            notes.append("%s built; not exercised: no run used the %s controller" % (op, op))
+        else:
+            problems.append("%s built but no allreduce was carried by it" % op)
+    if problems:
+        return result("horovod.operations", FAIL, "; ".join(problems + notes), "%d problem(s)" % len(problems))
+    return result("horovod.operations", PASS, "; ".join(notes), ", ".join(want))
+
+
+# ----------------------------------------------------------------------------- main
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m envbuilder_smoke",
+                                description="envbuilder's in-image smoke suite")
+    p.add_argument("--ranks", type=int, default=2, help="Horovod ranks per run (default 2)")
+    p.add_argument("--launcher", default="auto", choices=("auto", "gloo", "mpi", "srun", "none"),
+                   help="auto: horovodrun --gloo for the gloo controller and mpirun for mpi; "
+                        "none: one process, no launcher")
+    p.add_argument("--controllers", default="",
+                   help="comma list overriding the manifest's horovod.controllers (auto launcher)")
+    p.add_argument("--manifest", default=None, help="manifest.json (default %s)" % DEFAULT_MANIFEST)
+    p.add_argument("--json", action="store_true", help="print the JSON report between marker lines")
+    p.add_argument("--report", default=None, help="also write the JSON report to this file")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds any one check may take on any rank (default 120)")
+    p.add_argument("--threads", type=int, default=0, help="threads per rank (default cores/ranks)")
+    p.add_argument("--workdir", default=None, help="folder for the ranks' files (default: temporary)")
+    p.add_argument("--keep", action="store_true", help="keep the ranks' files and logs")
+    p.add_argument("--require-gpu", action="store_true", help="fail (not skip) GPU checks without a GPU")
+    p.add_argument("--skip-static", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--mpirun-args", default="", help="extra mpirun arguments")
+    p.add_argument("--horovodrun-args", default="", help="extra horovodrun arguments")
+    p.add_argument("--srun-args", default="", help="extra srun arguments")
+    p.add_argument("--srun-mpi", default="pmix", help="srun --mpi= plugin (default pmix; '' for none)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return p
+
+
+def emit(report, args):
+    text = json.dumps(report, indent=1, sort_keys=False, default=str)
+    if args.report:
+        tmp = args.report + ".tmp"
+        with open(tmp, "w") as fh:
+            fh.write(text + "\n")
+        os.replace(tmp, args.report)
+    table = format_table(report["checks"])
+    summary = "%d passed, %d failed, %d skipped in %.1f s" % (
+        report["summary"]["pass"], report["summary"]["fail"], report["summary"]["skip"], report["wall_s"])
+    if args.json:
+        if not args.quiet:
+            sys.stderr.write(table + "\n" + summary + "\n")
+        sys.stdout.write("\n%s\n%s\n%s\n" % (BEGIN_MARKER, text, END_MARKER))
+    else:
+        sys.stdout.write(table + "\n" + summary + "\n")
+    sys.stdout.flush()
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    t_start = time.time()
+    manifest_path = args.manifest or (DEFAULT_MANIFEST if os.path.exists(DEFAULT_MANIFEST) else None)
+    try:
+        manifest = load_manifest(manifest_path)
+    except ManifestError as exc:
+        sys.stderr.write("envbuilder smoke: %s\n" % exc)
+        return 2
+    if args.ranks < 1:
+        sys.stderr.write("envbuilder smoke: --ranks must be >= 1\n")
+        return 2
+    manifest_path = os.path.abspath(manifest_path)
+    expect = manifest["expect"]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's INFO lines are noise here
+    checks = []
+    if not args.skip_static:
+        log(args, "static checks (imports %s)" % (framework_module(expect) or "no framework"))
+        checks.extend(run_static(expect))
+    runs = plan_runs(expect, args)
+    if not runs:
+        checks.append(result("horovod", SKIP, "the manifest asks for no Horovod: no multi-rank checks"))
+    own_workdir = args.workdir is None
+    base = args.workdir or tempfile.mkdtemp(prefix="envbuilder-smoke-")
+    run_records = []
+    try:
+        for i, run in enumerate(runs):
+            run.ranks = 1 if run.launcher == "none" else args.ranks
+            wd = os.path.join(base, "run%d-%s-%s" % (i, run.framework, run.controller))
+            log(args, "run %d/%d: %s, %d rank(s) via %s" % (i + 1, len(runs), run.framework, run.ranks,
+                                                             run.launcher))
+            states, exits, events = execute_run(run, args, expect, manifest_path, wd)
+            checks.append(launch_check(run, events))
+            checks.extend(merge_run(run, states, exits, events))
+            run_records.append({"framework": run.framework, "controller": run.controller,
+                                "launcher": run.launcher, "ranks": run.ranks,
+                                "command": run.command, "wall_s": round(run.wall_s, 2),
+                                "returncode": run.returncode, "killed": run.killed,
+                                "events": {str(k): v for k, v in events.items()}})
+            log(args, "run %d/%d done in %.1f s" % (i + 1, len(runs), run.wall_s))
+        ops = operations_check(expect, checks)
+        if ops is not None:
+            checks.append(ops)
+    finally:
+        if own_workdir and not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    summary = {s: sum(1 for c in checks if c["status"] == s) for s in (PASS, FAIL, SKIP)}
+    report = {
+        "schema": REPORT_SCHEMA,
+        "suite_version": __version__,
+        "manifest": {"path": manifest_path, "name": manifest.get("name")},
+        "host": socket.gethostname(),
+        "python": sys.executable,
+        "platform": platform.platform(),
+        "ranks": args.ranks,
+        "launcher": args.launcher,
+        "fault": os.environ.get(FAULT_ENV) or None,
+        "workdir": base if (args.keep or not own_workdir) else None,
+        "runs": run_records,
+        "started": t_start,
+        "wall_s": round(time.time() - t_start, 2),
+        "ok": summary[FAIL] == 0,
+        "summary": summary,
+        "checks": checks,
+    }
+    emit(report, args)
+    return 0 if report["ok"] else 1

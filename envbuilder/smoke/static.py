@@ -1,0 +1,403 @@
+"""Static checks run once by the launcher: versions against the manifest, locale, user site.
+
+Standard library + the framework + horovod only.
+"""
+
+import ctypes
+import importlib
+import locale
+import os
+import platform
+import re
+import shutil
+import site
+import subprocess
+import sys
+
+from .common import FAIL, FRAMEWORK_MODULES, PASS, SKIP, result, version_matches
+
+
+class ManifestError(Exception):
+    """The manifest is missing or unreadable (bad input: exit 2)."""
+
+
+def load_manifest(path):
+    import json
+    if not path:
+        raise ManifestError("no manifest given (--manifest PATH) and /opt/envbuilder/manifest.json "
+                            "does not exist")
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise ManifestError("cannot read manifest %s: %s" % (path, exc.strerror or exc))
+    except ValueError as exc:
+        raise ManifestError("manifest %s is not valid JSON: %s" % (path, exc))
+    if not isinstance(data, dict):
+        raise ManifestError("manifest %s is not a JSON object" % path)
+    expect = data.get("expect")
+    if expect is None:
+        raise ManifestError("manifest %s has no 'expect' section" % path)
+    if not isinstance(expect, dict):
+        raise ManifestError("manifest %s: 'expect' is not an object" % path)
+    return data
+
+
+def framework_module(expect):
+    fw = expect.get("framework") or {}
+    if not fw:
+        return None
+    return fw.get("module") or FRAMEWORK_MODULES.get(str(fw.get("name", "")).lower())
+
+
+def framework_key(module):
+    """'torch' -> 'pytorch', 'tensorflow' -> 'tensorflow' (the names horovod.frameworks uses)."""
+    return "pytorch" if module == "torch" else "tensorflow"
+
+
+# ----------------------------------------------------------------------------- native libraries
+
+def loaded_libraries(pattern):
+    """Paths of shared objects mapped into this process whose file name matches PATTERN."""
+    found = []
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                parts = line.split(None, 5)
+                if len(parts) < 6:
+                    continue
+                path = parts[5].strip()
+                if re.search(pattern, os.path.basename(path)) and path not in found:
+                    found.append(path)
+    except OSError:
+        pass
+    return found
+
+
+def nccl_version_from_code(code):
+    if code <= 0:
+        return None
+    if code >= 10000:  # NCCL >= 2.9: major*10000 + minor*100 + patch
+        return "%d.%d.%d" % (code // 10000, (code % 10000) // 100, code % 100)
+    return "%d.%d.%d" % (code // 1000, (code % 1000) // 100, code % 100)
+
+
+def nccl_version_of(path):
+    try:
+        lib = ctypes.CDLL(path)
+        fn = lib.ncclGetVersion
+    except (OSError, AttributeError):
+        return None
+    code = ctypes.c_int(0)
+    try:
+        if fn(ctypes.byref(code)) != 0:
+            return None
+    except Exception:  # noqa: BLE001 - a foreign library
+        return None
+    return nccl_version_from_code(code.value)
+
+
+def mpi_library_version():
+    """(flavor, version, raw text, path) from MPI_Get_library_version of the libmpi in use."""
+    paths = loaded_libraries(r"^libmpi(ch)?\.so") or loaded_libraries(r"^libmpi")
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+            fn = lib.MPI_Get_library_version
+        except (OSError, AttributeError):
+            continue
+        buf = ctypes.create_string_buffer(8192)
+        length = ctypes.c_int(0)
+        try:
+            fn(buf, ctypes.byref(length))
+        except Exception:  # noqa: BLE001
+            continue
+        text = buf.value.decode("utf-8", "replace").strip()
+        flavor, version = parse_mpi_text(text)
+        return flavor, version, text, path
+    return None, None, "", None
+
+
+def parse_mpi_text(text):
+    """Flavor and version from `mpirun --version` or MPI_Get_library_version text."""
+    patterns = (
+        ("openmpi", r"Open MPI\)?\s*v?(\d+(?:\.\d+)+)"),
+        ("intel-mpi", r"Intel\(R\) MPI Library[^\d]*(\d+(?:\.\d+)*)"),
+        ("mvapich", r"MVAPICH2?\s*Version:?\s*(\d+(?:\.\d+)*\w*)"),
+        ("mpich", r"MPICH Version:\s*(\d+(?:\.\d+)*\w*)"),
+        ("mpich", r"HYDRA build details:\s*Version:\s*(\d+(?:\.\d+)*\w*)"),
+    )
+    for flavor, pat in patterns:
+        m = re.search(pat, text, re.S)
+        if m:
+            return flavor, m.group(1)
+    return None, None
+
+
+def mpirun_version():
+    exe = shutil.which("mpirun") or shutil.which("mpiexec")
+    if not exe:
+        return None, None, "", None
+    try:
+        proc = subprocess.run([exe, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=30, universal_newlines=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, None, str(exc), exe
+    flavor, version = parse_mpi_text(proc.stdout)
+    return flavor, version, proc.stdout.strip(), exe
+
+
+# ----------------------------------------------------------------------------- checks
+
+def _cmp(name, label, expected, installed, extra=""):
+    if expected is None:
+        detail = "%s %s (manifest expects none)" % (label, installed) if installed else \
+            "%s: not present, not expected" % label
+        return result(name, PASS, detail + extra,
+                      figure=str(installed or "-"))
+    if installed is None:
+        return result(name, FAIL, "%s: not found, manifest expects %s%s" % (label, expected, extra),
+                      figure="missing")
+    if version_matches(expected, installed):
+        return result(name, PASS, "%s %s matches manifest %s%s" % (label, installed, expected, extra),
+                      figure=str(installed))
+    return result(name, FAIL, "%s %s installed, manifest expects %s%s" % (label, installed, expected,
+                                                                            extra),
+                  figure="%s != %s" % (installed, expected))
+
+
+def check_python(expect):
+    return _cmp("versions.python", "Python", expect.get("python"), platform.python_version(),
+                " (%s)" % sys.executable)
+
+
+def import_framework(expect):
+    """Import the manifest's framework; returns (module or None, error text)."""
+    mod = framework_module(expect)
+    if not mod:
+        return None, "manifest names no framework"
+    try:
+        return importlib.import_module(mod), ""
+    except Exception as exc:  # noqa: BLE001 - any import failure is the finding
+        return None, "import %s failed: %s: %s" % (mod, type(exc).__name__, exc)
+
+
+def framework_build_info(fw_mod):
+    """CUDA / cuDNN versions the framework was built for (None on CPU builds)."""
+    info = {"cuda": None, "cudnn": None, "nccl": None}
+    if fw_mod is None:
+        return info
+    if fw_mod.__name__ == "torch":
+        info["cuda"] = getattr(getattr(fw_mod, "version", None), "cuda", None)
+        if info["cuda"]:
+            try:
+                v = fw_mod.backends.cudnn.version()
+                if v:
+                    info["cudnn"] = ("%d.%d.%d" % (v // 10000, (v % 10000) // 100, v % 100)) \
+                        if v >= 90000 else ("%d.%d.%d" % (v // 1000, (v % 1000) // 100, v % 100))
+            except Exception:  # noqa: BLE001
+                pass
+            try:
+                nv = fw_mod.cuda.nccl.version()
+                if isinstance(nv, tuple):
+                    info["nccl"] = ".".join(str(x) for x in nv)
+                elif nv:
+                    info["nccl"] = nccl_version_from_code(int(nv))
+            except Exception:  # noqa: BLE001
+                pass
+    else:
+        try:
+            build = fw_mod.sysconfig.get_build_info()
+        except Exception:  # noqa: BLE001
+            build = {}
+        if build.get("is_cuda_build"):
+            info["cuda"] = build.get("cuda_version")
+            info["cudnn"] = build.get("cudnn_version")
+    return info
+
+
+def check_framework(expect, fw_mod, err):
+    fw = expect.get("framework") or {}
+    if not fw:
+        return result("versions.framework", SKIP, "manifest names no framework")
+    label = "%s (%s)" % (fw.get("name"), framework_module(expect))
+    if fw_mod is None:
+        return result("versions.framework", FAIL, "%s: %s" % (label, err), figure="missing")
+    installed = getattr(fw_mod, "__version__", None)
+    return _cmp("versions.framework", label, fw.get("version"), installed,
+                " (%s)" % os.path.dirname(getattr(fw_mod, "__file__", "") or ""))
+
+
+def import_horovod_binding(expect):
+    """Import horovod and the binding of the manifest's framework (loads its native library)."""
+    hv = expect.get("horovod")
+    if not hv:
+        return None, None, ""
+    try:
+        hvd_pkg = importlib.import_module("horovod")
+    except Exception as exc:  # noqa: BLE001
+        return None, None, "import horovod failed: %s: %s" % (type(exc).__name__, exc)
+    mod = framework_module(expect)
+    binding = None
+    err = ""
+    if mod:
+        name = "horovod.torch" if mod == "torch" else "horovod.tensorflow"
+        try:
+            binding = importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001
+            err = "import %s failed: %s: %s" % (name, type(exc).__name__, exc)
+    return hvd_pkg, binding, err
+
+
+def check_horovod(expect, hvd_pkg, err):
+    hv = expect.get("horovod")
+    if not hv:
+        return result("versions.horovod", SKIP, "manifest expects no Horovod")
+    if hvd_pkg is None:
+        return result("versions.horovod", FAIL, err, figure="missing")
+    return _cmp("versions.horovod", "Horovod", hv.get("version"), getattr(hvd_pkg, "__version__", None),
+                " (%s)" % os.path.dirname(hvd_pkg.__file__ or ""))
+
+
+def check_mpi(expect):
+    exp = expect.get("mpi")
+    lib_flavor, lib_version, lib_text, lib_path = mpi_library_version()
+    run_flavor, run_version, run_text, run_exe = mpirun_version()
+    found = []
+    if lib_path:
+        found.append("libmpi %s %s (%s)" % (lib_flavor or "?", lib_version or "?", lib_path))
+    if run_exe:
+        found.append("%s: %s %s" % (run_exe, run_flavor or "?", run_version or "?"))
+    detail_found = "; ".join(found) if found else "no MPI library loaded and no mpirun on PATH"
+    if not exp:
+        return result("versions.mpi", PASS,
+                      "manifest expects no MPI; found: %s" % detail_found,
+                      figure=(lib_version or run_version or "-"))
+    flavor = lib_flavor or run_flavor
+    version = lib_version or run_version
+    problems = []
+    if version is None:
+        problems.append("no MPI found (%s)" % detail_found)
+    else:
+        if exp.get("flavor") and flavor and flavor != exp.get("flavor"):
+            problems.append("MPI flavor %s, manifest expects %s" % (flavor, exp.get("flavor")))
+        if exp.get("version") and not version_matches(exp.get("version"), version):
+            problems.append("MPI %s %s installed, manifest expects %s" % (flavor, version,
+                                                                           exp.get("version")))
+        if lib_version and run_version and (lib_flavor, lib_version) != (run_flavor, run_version):
+            problems.append("mpirun (%s %s) and the libmpi Horovod loads (%s %s) differ" % (
+                run_flavor, run_version, lib_flavor, lib_version))
+    figure = "%s %s" % (flavor or "?", version or "?")
+    if problems:
+        return result("versions.mpi", FAIL, "; ".join(problems) + "; found: " + detail_found,
+                      figure=figure)
+    return result("versions.mpi", PASS, "%s %s matches manifest %s %s; found: %s" % (
+        flavor, version, exp.get("flavor"), exp.get("version"), detail_found), figure=figure)
+
+
+def horovod_nccl_version(binding):
+    """NCCL version Horovod's native library uses: a loaded libnccl, or a static copy."""
+    for path in loaded_libraries(r"^libnccl"):
+        v = nccl_version_of(path)
+        if v:
+            return v, path
+    if binding is not None:
+        for path in loaded_libraries(r"mpi_lib"):
+            v = nccl_version_of(path)
+            if v:
+                return v, path + " (static)"
+    return None, None
+
+
+def check_cuda_stack(expect, fw_mod, binding):
+    info = framework_build_info(fw_mod)
+    out = []
+    fwname = getattr(fw_mod, "__name__", "framework")
+    out.append(_cmp("versions.cuda", "CUDA (%s build)" % fwname, expect.get("cuda"), info["cuda"]))
+    out.append(_cmp("versions.cudnn", "cuDNN (%s build)" % fwname, expect.get("cudnn"), info["cudnn"]))
+    nccl, where = horovod_nccl_version(binding)
+    if nccl:
+        label = "NCCL (%s)" % where
+    else:
+        nccl, label = info["nccl"], "NCCL (%s's)" % fwname
+    out.append(_cmp("versions.nccl", label, expect.get("nccl"), nccl))
+    return out
+
+
+def check_packages(expect):
+    pkgs = expect.get("packages") or {}
+    if not pkgs:
+        return result("versions.packages", SKIP, "manifest pins no extra packages")
+    try:
+        from importlib import metadata
+    except ImportError:  # Python < 3.8
+        return result("versions.packages", SKIP, "importlib.metadata missing (Python < 3.8)")
+    bad = []
+    good = []
+    for dist, want in sorted(pkgs.items()):
+        try:
+            have = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            bad.append("%s missing (manifest %s)" % (dist, want))
+            continue
+        if version_matches(str(want), have):
+            good.append("%s %s" % (dist, have))
+        else:
+            bad.append("%s %s installed, manifest expects %s" % (dist, have, want))
+    if bad:
+        return result("versions.packages", FAIL, "; ".join(bad), figure="%d drifted" % len(bad))
+    return result("versions.packages", PASS, ", ".join(good), figure="%d pinned" % len(good))
+
+
+def check_locale():
+    lang = os.environ.get("LC_ALL") or os.environ.get("LC_CTYPE") or os.environ.get("LANG")
+    enc = locale.getpreferredencoding(False)
+    problems = []
+    if not lang:
+        problems.append("none of LC_ALL, LC_CTYPE, LANG is set (set LANG=C.UTF-8 in the image)")
+    else:
+        try:
+            locale.setlocale(locale.LC_ALL, "")
+        except locale.Error as exc:
+            problems.append("locale %s is not installed in the image (%s)" % (lang, exc))
+    if enc.replace("-", "").lower() != "utf8":
+        problems.append("preferred encoding is %s, not UTF-8" % enc)
+    fs = sys.getfilesystemencoding()
+    if fs.replace("-", "").lower() != "utf8":
+        problems.append("file system encoding is %s" % fs)
+    if problems:
+        return result("env.locale", FAIL, "; ".join(problems), figure=lang or "unset")
+    return result("env.locale", PASS, "locale %s, encoding %s" % (lang, enc), figure=lang)
+
+
+def check_user_site():
+    user_site = None
+    try:
+        user_site = site.getusersitepackages()
+    except Exception:  # noqa: BLE001
+        pass
+    on_path = [p for p in sys.path if user_site and os.path.abspath(p) == os.path.abspath(user_site)]
+    flag = os.environ.get("PYTHONNOUSERSITE")
+    detail = "user site %s %s; ENABLE_USER_SITE=%s; PYTHONNOUSERSITE=%s" % (
+        user_site, "exists" if user_site and os.path.isdir(user_site) else "absent",
+        site.ENABLE_USER_SITE, flag if flag is not None else "unset")
+    if on_path:
+        return result("env.user_site", FAIL, "user site-packages is on sys.path: %s (%s); set "
+                      "PYTHONNOUSERSITE=1" % (on_path[0], detail), figure="leaks")
+    return result("env.user_site", PASS, "no user site-packages on sys.path (%s)" % detail,
+                  figure="isolated")
+
+
+def run_static(expect):
+    """All static checks, in report order. Imports the framework (only the manifest's one)."""
+    out = [check_python(expect)]
+    fw_mod, err = import_framework(expect)
+    out.append(check_framework(expect, fw_mod, err))
+    hvd_pkg, binding, hvd_err = import_horovod_binding(expect)
+    out.append(check_horovod(expect, hvd_pkg, hvd_err))
+    out.append(check_mpi(expect))
+    out.extend(check_cuda_stack(expect, fw_mod, binding))
+    out.append(check_packages(expect))
+    out.append(check_locale())
+    out.append(check_user_site())
+    return out

@@ -396,24 +396,33 @@ def merge_run(run, states, exits, events):
     out = []
     for name in names:
         got = per_name.get(name, {})
-        if len(got) == run.ranks:
+        missing = [r for r in range(run.ranks) if r not in got]
+        if not missing:
             out.append(_fold(name, got))
             continue
-        missing = [r for r in range(run.ranks) if r not in got]
         culprits = []
+        figure = []
         for r in missing:
             st = states.get(r) or {}
             running = (st.get("running") or {}).get("check")
             if running and (running == name or _same_step(running, name)):
-                culprits.append(events.get(r, {}).get("text") or "rank %d stopped in this check" % r)
+                ev = events.get(r, {})
+                culprits.append(ev.get("text") or "rank %d stopped in this check" % r)
+                word = {"hang": "hung", "crash": "crashed", "never": "never started"}.get(ev.get("kind"))
+                if word:
+                    figure.append("rank %d %s" % (r, word))
         if culprits:
             detail = "; ".join(culprits)
-            res = result(name, FAIL, detail, "rank %s" % ",".join(str(r) for r in missing))
-        elif got:
+            res = result(name, FAIL, detail, ", ".join(figure) or "rank %s stopped" % ",".join(
+                str(r) for r in missing))
+        elif got and not first_failure:
             res = _fold(name, got)
             res["status"] = FAIL
-            res["detail"] = "ranks %s did not report: %s" % (
-                ",".join(str(r) for r in missing), first_failure or "run ended early")
+            res["detail"] = "rank %s did not report (run ended early)" % ",".join(str(r) for r in missing)
+        elif got:
+            # the other ranks went on after a peer died: their errors are consequences
+            res = result(name, SKIP, "not run on rank %s: %s" % (
+                ",".join(str(r) for r in missing), first_failure))
         else:
             res = result(name, SKIP, "not run: %s" % (first_failure or run.start_error or
                                                         "the run ended early"))
@@ -485,7 +494,7 @@ def launch_check(run, events):
     return result(name, PASS, cmd, figure, data)
 
 
-def _log_tail(path, lines=15):
+def _log_tail(path, lines=10):
     try:
         with open(path, "rb") as fh:
             fh.seek(0, 2)

@@ -124,12 +124,14 @@ class Ctx(object):
         prefix = prefix or "allreduce.exact"
         if rank != self.progress.rank or not check.startswith(prefix):
             return
+        # the rank stops before the check's first collective: its progress counter stays
+        # behind the other ranks' (that is how the launcher tells the stuck rank)
+        self.progress.state["running"]["phase"] = "fault injected: %s" % kind
+        self.progress.flush()
         if kind == "hang":
-            self.phase("fault injected: hang")
             while True:
                 time.sleep(3600)
         else:
-            self.phase("fault injected: crash")
             sys.stdout.flush()
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGSEGV)
@@ -427,6 +429,13 @@ def make_adapter(framework):
     return TFAdapter()
 
 
+def horovod_is_down(exc):
+    """A Horovod error after which no collective can succeed (a peer died, shut down)."""
+    text = "%s: %s" % (type(exc).__name__, exc)
+    return ("HorovodInternalError" in text or "has been shut down" in text
+            or "Connection closed by peer" in text or "Gloo" in text and "closed" in text)
+
+
 def run_checks(ctx, checks):
     """Run (name, fn) pairs; an exception fails that check only. Returns False once the
     run cannot go on (Horovod not initialised)."""
@@ -440,7 +449,9 @@ def run_checks(ctx, checks):
             tb = traceback.format_exc(limit=6)
             res = [result(cname, FAIL, "%s: %s" % (type(exc).__name__, exc), "error",
                           {"traceback": tb})]
-            if cname.startswith("horovod.init"):
+            if cname.startswith("horovod.init") or horovod_is_down(exc):
+                # nothing later can work: stop here (the launcher names what is missing)
+                res[0]["data"]["fatal"] = True
                 ctx.progress.add(res[0])
                 return False
         took = time.time() - t0

@@ -583,7 +583,7 @@ def emit(report, args):
         report["summary"]["pass"], report["summary"]["fail"], report["summary"]["skip"], report["wall_s"])
     if args.json:
         if not args.quiet:
-            sys.stderr.write(table + "\n" + summary + "\n")
+            sys.stderr.write("[smoke] %s\n" % summary)
         sys.stdout.write("\n%s\n%s\n%s\n" % (BEGIN_MARKER, text, END_MARKER))
     else:
         sys.stdout.write(table + "\n" + summary + "\n")

@@ -1,0 +1,104 @@
+"""`envbuilder verify [FOLDER|--image REF] [--runtime docker|apptainer|charliecloud|host] ...`
+
+Exit codes: 0 every check passed (or was skipped), 1 a check failed, 2 bad input (no manifest,
+no engine, no image). Bad input raises ``EnvbuilderError``, which the top-level command line
+prints as one message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from ..errors import EXIT_CHECK_FAILED, EXIT_OK, EnvbuilderError
+from . import report as rep
+from .runner import RUNTIMES, VerifyOptions, resolve_target, run_suite, write_atomic
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("folder", nargs="?", metavar="FOLDER",
+                        help="output folder of `envbuilder build` (holds manifest.json); default: "
+                             "./manifest.json or the only images/<name>/ here")
+    parser.add_argument("--image", metavar="REF",
+                        help="image to run: docker tag (default: the manifest's image.tag), .sif file "
+                             "(apptainer) or directory/tag (charliecloud)")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="docker",
+                        help="where the suite runs (default docker); host: this machine's Python")
+    parser.add_argument("--ranks", type=int, default=2, help="Horovod ranks (default 2)")
+    parser.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                        help="seconds any single check may take before its rank counts as hung "
+                             "(default 120)")
+    parser.add_argument("--report", metavar="FILE", help="write the JSON report to FILE")
+    parser.add_argument("--junit", metavar="FILE", help="write JUnit XML (one testcase per check)")
+    parser.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
+    parser.add_argument("--manifest", metavar="FILE", help="compare with this manifest.json instead of "
+                                                          "FOLDER's (host runtime without FOLDER)")
+    parser.add_argument("--launcher", default="auto", choices=("auto", "gloo", "mpi", "srun", "none"),
+                        help="how the suite starts ranks (default: horovodrun --gloo and mpirun, "
+                             "per the manifest's controllers)")
+    parser.add_argument("--python", metavar="EXE",
+                        help="interpreter: host runtime (default: this one), images (default python)")
+    parser.add_argument("--gpus", action="store_true", help="docker: pass --gpus all")
+    parser.add_argument("--require-gpu", action="store_true",
+                        help="fail, not skip, the GPU checks when no GPU is visible")
+
+
+def _options(args) -> VerifyOptions:
+    if args.ranks < 1:
+        raise EnvbuilderError("--ranks", f"must be at least 1, got {args.ranks}")
+    if args.timeout <= 0:
+        raise EnvbuilderError("--timeout", f"must be positive, got {args.timeout}")
+    return VerifyOptions(ranks=args.ranks, timeout=args.timeout, launcher=args.launcher,
+                         python=args.python, gpus=args.gpus, require_gpu=args.require_gpu,
+                         echo_stderr=True)
+
+
+def run(args) -> int:
+    opts = _options(args)
+    target = resolve_target(args.folder, args.image, args.runtime, manifest=args.manifest)
+    where = f"{target.name} ({args.runtime}" + (f" {target.image}" if target.image and
+                                                   args.runtime != "host" else "") + ")"
+    outcome = run_suite(target, opts)
+    report = outcome.report
+    if report is None:
+        report = rep.failure_report(outcome.problem, argv=outcome.argv, wall_s=outcome.wall_s,
+                                    runtime=args.runtime)
+    report["verify"] = {
+        "runtime": args.runtime, "image": target.image,
+        "folder": str(target.folder) if target.folder else None,
+        "manifest": str(target.manifest_path) if target.manifest_path else None,
+        "argv": outcome.argv, "exit_code": outcome.returncode, "wall_s": round(outcome.wall_s, 2),
+        "timed_out": outcome.timed_out,
+    }
+    failed = rep.summary(report)[rep.FAIL] > 0 or report.get("ok") is False
+    if args.report:
+        write_atomic(args.report, rep.dumps(report))
+    if args.junit:
+        props = {"runtime": args.runtime, "image": target.image or "", "ranks": opts.ranks,
+                 "command": " ".join(shlex.quote(a) for a in outcome.argv)}
+        write_atomic(args.junit, rep.junit_xml(report, suite_name=f"envbuilder.verify.{target.name}",
+                                               properties=props))
+    if args.json:
+        sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
+    else:
+        sys.stdout.write(rep.table(report) + "\n\n" + rep.headline(report, where) + "\n")
+    sys.stdout.flush()
+    return EXIT_CHECK_FAILED if failed else EXIT_OK
+
+
+def main(argv=None) -> int:
+    """Stand-alone entry (``python -m envbuilder.verify.cli``), same behaviour as the subcommand."""
+    parser = argparse.ArgumentParser(prog="envbuilder verify")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except EnvbuilderError as exc:
+        print(f"error: {exc.message()}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -147,9 +147,12 @@ class TFAdapter(object):
 
     def _rank_diff(self, model, label):
         np = self.np
+        """Largest |w - w_rank0| over all ranks and weights (every rank gets the same answer)."""
         vec = self._flat(model)
         ref = self.hvd.broadcast(self.tf.constant(vec), 0, name=self.name(label)).numpy()
-        return float(np.max(np.abs(vec - ref))), float(np.max(np.abs(vec)))
+        mine = self.tf.constant([float(np.max(np.abs(vec - ref)))], dtype=self.tf.float64)
+        every = self.hvd.allgather(mine, name=self.name(label + ".max")).numpy()
+        return float(np.max(every)), float(np.max(np.abs(vec)))
 
     def train(self, ctx, steps=12, warmup=4, batch=16, base_lr=0.01):
         tf, hvd = self.tf, self.hvd

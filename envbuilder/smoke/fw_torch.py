@@ -169,9 +169,13 @@ class TorchAdapter(object):
         return self.torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
 
     def _rank_diff(self, model, label):
+        """Largest |w - w_rank0| over all ranks and weights (every rank gets the same answer)."""
+        torch = self.torch
         vec = self._flat(model)
         ref = self.hvd.broadcast(vec.clone(), 0, name=self.name(label))
-        return float((vec - ref).abs().max().item()), float(vec.abs().max().item())
+        mine = torch.tensor([float((vec - ref).abs().max().item())], dtype=torch.float64)
+        every = self.hvd.allgather(mine, name=self.name(label + ".max"))
+        return float(every.max().item()), float(vec.abs().max().item())
 
     def train(self, ctx, steps=12, warmup=4, batch=16, base_lr=0.01):
         torch, hvd = self.torch, self.hvd

@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", action="store_true", help="docker: pass --gpus all")
     parser.add_argument("--require-gpu", action="store_true",
                         help="fail, not skip, the GPU checks when no GPU is visible")
+    # --slurm and its options: envbuilder/slurm/submit.py owns them
+    from ..slurm.submit import add_slurm_arguments
+    add_slurm_arguments(parser)
 
 
 def _options(args) -> VerifyOptions:
@@ -57,10 +60,14 @@ def _options(args) -> VerifyOptions:
 
 def run(args) -> int:
     opts = _options(args)
-    target = resolve_target(args.folder, args.image, args.runtime, manifest=args.manifest)
-    where = f"{target.name} ({args.runtime}" + (f" {target.image}" if target.image and
-                                                   args.runtime != "host" else "") + ")"
-    outcome = run_suite(target, opts)
+    if args.slurm:   # through the folder's job.sbatch: envbuilder/slurm/submit.py
+        from ..slurm.submit import run_slurm
+        target, outcome, where = run_slurm(args, opts)
+    else:
+        target = resolve_target(args.folder, args.image, args.runtime, manifest=args.manifest)
+        where = f"{target.name} ({args.runtime}" + (f" {target.image}" if target.image and
+                                                       args.runtime != "host" else "") + ")"
+        outcome = run_suite(target, opts)
     report = outcome.report
     if report is None:
         report = rep.failure_report(outcome.problem, argv=outcome.argv, wall_s=outcome.wall_s,

@@ -1,0 +1,142 @@
+"""The smoke suite for real on this host: 2 Horovod ranks through horovodrun --gloo and mpirun,
+for PyTorch and TensorFlow, plus the failure paths (version drift, a crashed rank, a hung rank).
+
+Needs a Python with torch 2.13 / tensorflow-cpu 2.15 and Horovod built against both:
+ENVBUILDER_SMOKE_PYTHON=/path/to/python (see tests/README or the verify docs for how to build
+one). Without it these tests are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BEGIN = "=====ENVBUILDER-SMOKE-REPORT-BEGIN====="
+END = "=====ENVBUILDER-SMOKE-REPORT-END====="
+PY = os.environ.get("ENVBUILDER_SMOKE_PYTHON")
+
+pytestmark = pytest.mark.skipif(
+    not PY, reason="ENVBUILDER_SMOKE_PYTHON is not set (path to a Python with torch, tensorflow-cpu "
+                   "and Horovod; e.g. /work/venv-smoke/bin/python)")
+
+
+def manifest(framework: str, **over) -> dict:
+    fw = {"pytorch": {"name": "pytorch", "module": "torch", "version": "2.13.0"},
+          "tensorflow": {"name": "tensorflow-cpu", "module": "tensorflow", "version": "2.15.1"}}[framework]
+    expect = {
+        "python": "3.11",
+        "framework": fw,
+        "horovod": {"version": "0.28.1", "frameworks": [framework], "controllers": ["mpi", "gloo"],
+                    "operations": ["mpi", "gloo"]},
+        "mpi": {"flavor": "openmpi", "version": "4.1.4"},
+        "cuda": None, "cudnn": None, "nccl": None, "gpu": False, "packages": {},
+    }
+    expect.update(over)
+    return {"schema": "envbuilder.manifest/1", "name": f"test-{framework}", "expect": expect}
+
+
+def run_suite(tmp_path: Path, man: dict, *args: str, env: dict | None = None, timeout: int = 300):
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(man))
+    full = dict(os.environ)
+    full["PYTHONPATH"] = str(ROOT)
+    full["LANG"] = "C.UTF-8"
+    full.pop("ENVBUILDER_SMOKE_FAULT", None)
+    full.update(env or {})
+    t0 = time.time()
+    proc = subprocess.run([PY, "-m", "envbuilder.smoke", "--manifest", str(path), "--json", *args],
+                          capture_output=True, text=True, env=full, timeout=timeout)
+    wall = time.time() - t0
+    assert BEGIN in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout.split(BEGIN)[1].split(END)[0])
+    return proc, report, wall
+
+
+def by_name(report: dict) -> dict:
+    return {c["name"]: c for c in report["checks"]}
+
+
+def assert_healthy_run(checks: dict, fw: str, ctrl: str):
+    tag = f"[{ctrl}]"
+    for name in (f"launch.{fw}{tag}", f"horovod.init{tag}", f"horovod.binding.{fw}{tag}",
+                 f"horovod.cpu_ops{tag}", f"allreduce.exact{tag}", f"train.{fw}{tag}",
+                 f"perf.step.{fw}{tag}", f"perf.allreduce{tag}"):
+        assert checks[name]["status"] == "pass", (name, checks[name])
+    assert checks[f"horovod.init{tag}"]["figure"] == f"2 ranks, {ctrl} controller"
+    assert f"{ctrl.upper()}_ALLREDUCE" in checks[f"horovod.cpu_ops{tag}"]["figure"]
+    assert re.match(r"\d+ cases exact", checks[f"allreduce.exact{tag}"]["figure"])
+    train = checks[f"train.{fw}{tag}"]
+    r0 = train["ranks"]["0"]["data"]
+    assert r0["loss_after"] < r0["loss_before"] * 0.8
+    assert r0["ranks_maxdiff_end"] == 0.0 or r0["ranks_maxdiff_end"] < 1e-6
+    assert r0["ranks_maxdiff_initial"] > 0          # ranks started different: broadcast fixed it
+    assert r0["lrs"][0] < r0["lrs"][-1] == pytest.approx(r0["base_lr"] * 2, rel=1e-6)   # warm-up to lr x 2
+    assert re.match(r"[\d.]+ ms/step, \d+ samples/s/rank", checks[f"perf.step.{fw}{tag}"]["figure"])
+    sizes = checks[f"perf.allreduce{tag}"]["ranks"]["0"]["data"]["sizes"]
+    assert [s["bytes"] for s in sizes] == [4096, 262144, 4194304, 16777216]
+    assert all(s["busbw_GBps"] > 0 for s in sizes)
+    for g in ("gpu.devices", "gpu.rank_map", "gpu.nccl_allreduce", "gpu.mixed_precision"):
+        assert checks[g + tag]["status"] == "skip" and checks[g + tag]["detail"].startswith("no GPU")
+
+
+@pytest.mark.parametrize("fw", ["pytorch", "tensorflow"])
+def test_two_ranks_gloo_and_mpi_pass(tmp_path, fw):
+    proc, report, wall = run_suite(tmp_path, manifest(fw), "--ranks", "2")
+    checks = by_name(report)
+    assert proc.returncode == 0, [c for c in report["checks"] if c["status"] == "fail"]
+    assert report["ok"] is True and report["summary"]["fail"] == 0
+    for name in ("versions.python", "versions.framework", "versions.horovod", "versions.mpi",
+                 "env.locale", "env.user_site", "horovod.build", "horovod.operations"):
+        assert checks[name]["status"] == "pass", checks[name]
+    assert checks["versions.mpi"]["figure"] == "openmpi 4.1.4"
+    assert_healthy_run(checks, fw, "mpi")
+    assert_healthy_run(checks, fw, "gloo")
+    assert [r["launcher"] for r in report["runs"]] == ["mpirun", "horovodrun"]
+    print(f"\n{fw}: suite wall {wall:.1f} s; " + "; ".join(
+        f"{n}: {checks[n]['figure']}" for n in checks if n.startswith("perf.")))
+
+
+def test_framework_version_drift_fails_naming_it(tmp_path):
+    man = manifest("pytorch", horovod=None)
+    man["expect"]["framework"]["version"] = "2.12.0"
+    proc, report, _ = run_suite(tmp_path, man)
+    assert proc.returncode == 1
+    fw = by_name(report)["versions.framework"]
+    assert fw["status"] == "fail"
+    assert "2.13.0+cpu installed, manifest expects 2.12.0" in fw["detail"]
+    assert "torch" in fw["detail"]
+
+
+def test_crashed_rank_is_named_and_the_suite_ends(tmp_path):
+    proc, report, wall = run_suite(tmp_path, manifest("pytorch"), "--launcher", "mpi", "--timeout", "30",
+                                   env={"ENVBUILDER_SMOKE_FAULT": "crash:1"})
+    assert proc.returncode == 1
+    checks = by_name(report)
+    ar = checks["allreduce.exact[mpi]"]
+    assert ar["status"] == "fail" and ar["figure"] == "rank 1 crashed"
+    assert "rank 1 crashed (killed by SIGSEGV)" in ar["detail"]
+    assert checks["launch.pytorch[mpi]"]["status"] == "fail"
+    assert checks["train.pytorch[mpi]"]["status"] == "skip"
+    assert wall < 60          # a crash is noticed at once, not after the timeout
+
+
+def test_hung_rank_is_named_within_the_timeout(tmp_path):
+    t = 8
+    proc, report, wall = run_suite(tmp_path, manifest("pytorch"), "--launcher", "gloo",
+                                   "--timeout", str(t), env={"ENVBUILDER_SMOKE_FAULT": "hang:1"})
+    assert proc.returncode == 1
+    ar = by_name(report)["allreduce.exact[gloo]"]
+    assert ar["status"] == "fail" and ar["figure"] == "rank 1 hung"
+    assert "rank 1 hung: no progress" in ar["detail"] and "rank 0 waiting" in ar["detail"]
+    assert wall < 60
+    # nothing of the run is left behind
+    left = subprocess.run(["pgrep", "-f", rf"^{re.escape(PY)} -m envbuilder\.smoke\.(rank|worker) "],
+                          capture_output=True, text=True)
+    assert left.stdout.strip() == ""

@@ -1,0 +1,244 @@
+"""The smoke suite's own rules, without a framework: version matching, the folder's import
+hygiene (it ships into images as `envbuilder_smoke`), merging rank files, naming crashed and
+hung ranks, bad-input exit codes."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from envbuilder.smoke import common, launcher, static
+from envbuilder.smoke.common import version_matches
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "envbuilder" / "smoke"
+
+
+# --- versions ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("expected,installed,ok", [
+    ("3.11", "3.11.2", True),
+    ("2.13.0", "2.13.0+cpu", True),
+    ("2.13.0", "2.13.1", False),
+    ("2.13.0+cpu", "2.13.0+cpu", True),
+    ("2.13.0+cpu", "2.13.0+cu121", False),
+    ("2.13.0", "2.13.0rc1", False),
+    ("2.15.1", "2.15.10", False),
+    ("8", "8.9.2", True),
+    ("2.15.5", "2.15.5", True),
+    (None, "1.0", True),
+    ("1.0", None, False),
+])
+def test_release_prefix_matching(expected, installed, ok):
+    assert version_matches(expected, installed) is ok
+
+
+@pytest.mark.parametrize("text,flavor,version", [
+    ("mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/", "openmpi", "4.1.4"),
+    ("Open MPI v4.1.5, package: Open MPI builder, ident: 4.1.5, repo rev: v4.1.5", "openmpi", "4.1.5"),
+    ("MPICH Version:\t4.0.2\nMPICH Release date: ...", "mpich", "4.0.2"),
+    ("HYDRA build details:\n    Version:                                 4.1.1\n", "mpich", "4.1.1"),
+    ("Intel(R) MPI Library 2021.9 for Linux* OS", "intel-mpi", "2021.9"),
+    ("nothing useful", None, None),
+])
+def test_mpi_version_parsing(text, flavor, version):
+    assert static.parse_mpi_text(text) == (flavor, version)
+
+
+def test_nccl_version_codes():
+    assert static.nccl_version_from_code(21505) == "2.15.5"
+    assert static.nccl_version_from_code(2708) == "2.7.8"
+    assert static.nccl_version_from_code(0) is None
+
+
+# --- the folder ships into images: stdlib + framework only, relative imports, Python 3.8 -----------
+
+ALLOWED_TOP = {"torch", "tensorflow", "horovod", "numpy"}
+
+
+def _stdlib():
+    return set(getattr(sys, "stdlib_module_names", ())) or None
+
+
+@pytest.mark.parametrize("path", sorted(SMOKE.glob("*.py")), ids=lambda p: p.name)
+def test_suite_files_are_self_contained_and_python38(path):
+    tree = ast.parse(path.read_text(), filename=str(path), feature_version=(3, 8))
+    stdlib = _stdlib()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                assert node.level == 1, f"{path.name}: relative import leaves the folder"
+                continue
+            top = (node.module or "").split(".")[0]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                top = alias.name.split(".")[0]
+                assert top != "envbuilder", f"{path.name}: imports {alias.name}"
+                if stdlib is not None:
+                    assert top in stdlib or top in ALLOWED_TOP, f"{path.name}: imports {alias.name}"
+            continue
+        else:
+            continue
+        assert top != "envbuilder", f"{path.name}: imports {node.module}"
+        if stdlib is not None:
+            assert top in stdlib or top in ALLOWED_TOP, f"{path.name}: imports {node.module}"
+
+
+def test_suite_runs_as_envbuilder_smoke_when_copied(tmp_path):
+    """The image layout: the folder copied to <dir>/envbuilder_smoke, run as a top-level package."""
+    shutil.copytree(SMOKE, tmp_path / "envbuilder_smoke", ignore=shutil.ignore_patterns("__pycache__"))
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"name": "bare", "expect": {
+        "python": "%d.%d" % sys.version_info[:2], "framework": None, "horovod": None, "mpi": None,
+        "cuda": None, "cudnn": None, "nccl": None, "gpu": False, "packages": {}}}))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["LANG"] = "C.UTF-8"
+    proc = subprocess.run([sys.executable, "-m", "envbuilder_smoke", "--manifest", str(manifest), "--json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    body = proc.stdout.split(common.BEGIN_MARKER)[1].split(common.END_MARKER)[0]
+    report = json.loads(body)
+    assert report["schema"] == common.REPORT_SCHEMA and report["ok"] is True
+    names = {c["name"]: c for c in report["checks"]}
+    assert names["versions.python"]["status"] == "pass"
+    assert names["horovod"]["status"] == "skip"
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+def _suite(*args, env=None):
+    full = dict(os.environ)
+    full["PYTHONPATH"] = str(ROOT)
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "envbuilder.smoke", *args], capture_output=True,
+                          text=True, env=full, timeout=120)
+
+
+def test_missing_manifest_is_bad_input(tmp_path):
+    r = _suite("--manifest", str(tmp_path / "nope.json"))
+    assert r.returncode == 2
+    assert "cannot read manifest" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_manifest_without_expect_is_bad_input(tmp_path):
+    p = tmp_path / "m.json"
+    p.write_text('{"name": "x"}')
+    r = _suite("--manifest", str(p))
+    assert r.returncode == 2 and "no 'expect' section" in r.stderr
+
+
+def test_python_mismatch_fails_and_names_both_versions(tmp_path):
+    p = tmp_path / "m.json"
+    p.write_text(json.dumps({"name": "x", "expect": {"python": "2.7", "horovod": None}}))
+    r = _suite("--manifest", str(p), "--json")
+    assert r.returncode == 1
+    rep = json.loads(r.stdout.split(common.BEGIN_MARKER)[1].split(common.END_MARKER)[0])
+    py = next(c for c in rep["checks"] if c["name"] == "versions.python")
+    assert py["status"] == "fail" and "manifest expects 2.7" in py["detail"]
+
+
+# --- merging rank files: crashed and hung ranks are named -----------------------------------------
+
+class _Args:
+    timeout = 5.0
+
+
+def _run(controller="gloo", ranks=2):
+    r = launcher.Run(controller, "horovodrun", "torch", first=True)
+    r.ranks = ranks
+    return r
+
+
+def _state(rank, results, running=None, seq=0, done=False):
+    return {"rank": rank, "pid": 0, "results": results, "running": running, "seq": seq, "done": done}
+
+
+def _res(name, status="pass", figure="f", detail="d"):
+    return {"name": name, "status": status, "figure": figure, "detail": detail}
+
+
+def test_merge_folds_ranks_and_reports_per_rank_data():
+    run = _run()
+    states = {r: _state(r, [_res("horovod.init[gloo]"), _res("allreduce.exact[gloo]")], done=True)
+              for r in range(2)}
+    out = {c["name"]: c for c in launcher.merge_run(run, states, {}, {})}
+    assert out["horovod.init[gloo]"]["status"] == "pass"
+    assert set(out["allreduce.exact[gloo]"]["ranks"]) == {"0", "1"}
+    # checks the plan names but nobody reported: skipped, not silently dropped
+    assert out["train.pytorch[gloo]"]["status"] == "skip"
+
+
+def test_merge_names_the_rank_that_failed():
+    run = _run()
+    states = {0: _state(0, [_res("allreduce.exact[gloo]")], done=True),
+              1: _state(1, [_res("allreduce.exact[gloo]", "fail", detail="element 3 wrong")], done=True)}
+    out = {c["name"]: c for c in launcher.merge_run(run, states, {}, {})}
+    assert out["allreduce.exact[gloo]"]["status"] == "fail"
+    assert out["allreduce.exact[gloo]"]["detail"] == "rank 1: element 3 wrong"
+
+
+def test_crashed_rank_is_named_with_its_signal():
+    run = _run()
+    running = {"check": "allreduce.exact[gloo]", "phase": "sum float32 x1", "since": time.time()}
+    states = {0: _state(0, [_res("horovod.init[gloo]")], running=running, seq=5),
+              1: _state(1, [_res("horovod.init[gloo]")], running=dict(running, phase="boom"), seq=4)}
+    exits = {1: {"returncode": -11, "how": "killed by SIGSEGV", "terminated": False, "ended": 1.0},
+             0: {"returncode": -15, "how": "killed by SIGTERM", "terminated": True,
+                 "signals_received": [15], "ended": 2.0}}
+    events = {}
+    launcher._mark_crashes(run, states, exits, events)
+    assert events[1]["kind"] == "crash" and events[0]["kind"] == "killed"
+    out = {c["name"]: c for c in launcher.merge_run(run, states, exits, events)}
+    ar = out["allreduce.exact[gloo]"]
+    assert ar["status"] == "fail" and ar["figure"] == "rank 1 crashed"
+    assert "rank 1 crashed (killed by SIGSEGV) during 'allreduce.exact[gloo]'" in ar["detail"]
+    assert out["train.pytorch[gloo]"]["status"] == "skip"
+    assert "rank 1 crashed" in out["train.pytorch[gloo]"]["detail"]
+
+
+def test_hung_rank_is_the_one_behind():
+    run = _run()
+    since = time.time() - 30
+    states = {0: _state(0, [], running={"check": "allreduce.exact[gloo]", "phase": "sum float32 x1",
+                                        "since": since}, seq=9),
+              1: _state(1, [], running={"check": "allreduce.exact[gloo]", "phase": "computing",
+                                        "since": since}, seq=8)}
+    events = {}
+    launcher._mark_hung(run, states, {}, events, [0, 1], 10.0)
+    assert events[1]["kind"] == "hang" and events[0]["kind"] == "waiting"
+    out = {c["name"]: c for c in launcher.merge_run(run, states, {}, events)}
+    assert out["allreduce.exact[gloo]"]["figure"] == "rank 1 hung"
+
+
+def test_fault_hook_parsing():
+    assert common.parse_fault("hang:1") == ("hang", 1, None)
+    assert common.parse_fault("crash:0:train") == ("crash", 0, "train")
+    assert common.parse_fault("explode:1") is None
+    assert common.parse_fault("") is None
+
+
+def test_operations_check_needs_built_and_used():
+    expect = {"horovod": {"operations": ["mpi", "gloo", "nccl"]}}
+    build = {"name": "horovod.build", "status": "pass",
+             "ranks": {"0": {"data": {"flags": {"mpi_built": True, "gloo_built": True, "nccl_built": 0}}}}}
+    checks = [build,
+              {"name": "horovod.init[gloo]", "status": "pass"},
+              {"name": "horovod.cpu_ops[gloo]", "status": "pass", "ranks": {"0": {"data": {"used": ["gloo"]}}}},
+              {"name": "gpu.nccl_allreduce[gloo]", "status": "skip"}]
+    res = launcher.operations_check(expect, checks)
+    assert res["status"] == "fail"
+    assert "nccl not built" in res["detail"]
+    assert "mpi built; not exercised" in res["detail"] and "gloo built and used" in res["detail"]
+
+
+def test_table_shows_failure_detail():
+    text = common.format_table([_res("a", "pass", "1 ms"), _res("b", "fail", "", "rank 1 crashed")])
+    assert "rank 1 crashed" in text and "FAIL" in text

@@ -125,8 +125,9 @@ def test_charliecloud_and_host_argv(tmp_path):
     folder = write_manifest(tmp_path, name="cc")
     t = resolve_target(str(folder), "/var/tmp/img", "charliecloud")
     argv, env = build_argv(t, VerifyOptions(ranks=2), ch_directory="/var/tmp/img", ch_manifest=True)
-    assert argv[:4] == ["ch-run", "--set-env=PYTHONNOUSERSITE=1", "/var/tmp/img", "--"]
-    assert argv[4:7] == ["python", "-m", "envbuilder_smoke"] and "USER" in env
+    assert argv[:5] == ["ch-run", "--set-env", "--set-env=PYTHONNOUSERSITE=1", "/var/tmp/img", "--"]
+    assert argv[5:8] == ["python", "-m", "envbuilder_smoke"] and "USER" in env
+    assert argv[argv.index("--manifest") + 1] == VERIFY_MANIFEST
     t = resolve_target(str(folder), None, "host")
     argv, env = build_argv(t, VerifyOptions(python="/x/python"))
     assert argv[:3] == ["/x/python", "-m", "envbuilder.smoke"]

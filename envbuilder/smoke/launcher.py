@@ -131,7 +131,8 @@ def build_command(run, args, worker_args):
     n = run.ranks
     py = [sys.executable, "-m", PACKAGE + ".rank"] + worker_args
     if run.launcher == "horovodrun":
-        return find_horovodrun() + ["-np", str(n), "-H", "localhost:%d" % n, "--gloo"] + \
+        # --disable-cache: horovodrun would write ~/.horovod, read-only in many containers
+        return find_horovodrun() + ["-np", str(n), "-H", "localhost:%d" % n, "--gloo", "--disable-cache"] + \
             shlex.split(args.horovodrun_args or "") + py
     if run.launcher == "mpirun":
         flavor, exe = mpi_flavor()

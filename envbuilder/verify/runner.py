@@ -180,7 +180,9 @@ def apptainer_argv(image: str, suite: list[str], *, manifest_path: Path | None =
 
 def charliecloud_argv(directory: str, suite: list[str], *, python: str = "python",
                       ch_run: str = "ch-run") -> list[str]:
-    return [ch_run, "--set-env=PYTHONNOUSERSITE=1", directory, "--", python, "-m", SUITE_MODULE] + suite
+    # bare --set-env: the image's own environment (PATH to its venv, LANG, ...), as docker has it
+    return [ch_run, "--set-env", "--set-env=PYTHONNOUSERSITE=1", directory, "--", python, "-m",
+            SUITE_MODULE] + suite
 
 
 def host_argv(python: str, suite: list[str]) -> list[str]:

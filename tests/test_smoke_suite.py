@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -140,3 +141,43 @@ def test_hung_rank_is_named_within_the_timeout(tmp_path):
     left = subprocess.run(["pgrep", "-f", rf"^{re.escape(PY)} -m envbuilder\.smoke\.(rank|worker) "],
                           capture_output=True, text=True)
     assert left.stdout.strip() == ""
+
+
+# --- inside an srun step (the job script's default command) --------------------------------------
+
+def _srun(tmp_path, man, *args, env=None):
+    if not shutil.which("srun") or not shutil.which("sinfo"):
+        pytest.skip("no Slurm here (srun/sinfo missing)")
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(man))
+    full = dict(os.environ)
+    full["PYTHONPATH"] = str(ROOT)
+    full["LANG"] = "C.UTF-8"
+    full.pop("ENVBUILDER_SMOKE_FAULT", None)
+    full.update(env or {})
+    proc = subprocess.run(["srun", "--immediate=60", "-n", "2", "--mpi=pmix", "--kill-on-bad-exit=1",
+                           PY, "-m", "envbuilder.smoke", "--launcher", "srun", "--manifest", str(path),
+                           "--json", *args], capture_output=True, text=True, env=full, timeout=400)
+    if BEGIN not in proc.stdout and ("Unable to allocate" in proc.stderr or "revoked" in proc.stderr
+                                     or "Invalid" in proc.stderr or "Unable to contact" in proc.stderr):
+        pytest.skip("Slurm could not run a 2-task step now: " + proc.stderr.strip()[-200:])
+    assert proc.stdout.count(BEGIN) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]   # rank 0 alone reports
+    return proc, json.loads(proc.stdout.split(BEGIN)[1].split(END)[0])
+
+
+def test_inside_srun_step_every_task_is_a_rank(tmp_path):
+    proc, report = _srun(tmp_path, manifest("pytorch"))
+    assert proc.returncode == 0, [c for c in report["checks"] if c["status"] == "fail"]
+    checks = by_name(report)
+    assert report["launcher"] == "srun (in step, 2 tasks)"
+    assert checks["horovod.init[mpi]"]["figure"] == "2 ranks, mpi controller"
+    assert checks["train.pytorch[mpi]"]["status"] == "pass"
+    assert "horovod.init[gloo]" not in checks            # gloo needs horovodrun's rendezvous
+
+
+def test_inside_srun_step_a_crash_is_reported_before_slurm_cancels_the_step(tmp_path):
+    proc, report = _srun(tmp_path, manifest("pytorch"), "--skip-static", "--timeout", "30",
+                         env={"ENVBUILDER_SMOKE_FAULT": "crash:1"})
+    assert proc.returncode != 0
+    ar = by_name(report)["allreduce.exact[mpi]"]
+    assert ar["status"] == "fail" and ar["figure"] == "rank 1 crashed"

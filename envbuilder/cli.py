@@ -60,6 +60,9 @@ def _build_args(p):
     p.add_argument("--ca-bundle", help="CA bundle the build trusts (TLS-intercepting proxies); never stored in the image")
     p.add_argument("--wheelhouse", help="folder of local wheels pip uses first (offline sites)")
     p.add_argument("--tag", help="image tag (default: envbuilder/<name>:<spec hash>)")
+    from .lock.cli import add_lock_option
+
+    add_lock_option(p)
 
 
 @command("build", "check a spec, write Dockerfile, Apptainer.def, job.sbatch, manifest.json; build the image")
@@ -68,8 +71,10 @@ def cmd_build(args) -> int:
     from .output import write_folder
     from .spec import load_spec
 
+    from .lock.cli import ensure_locked, existing_lock
+
     spec = load_spec(args.spec)
-    out = generate(spec)
+    out = generate(spec, existing_lock(args, spec))      # an existing lock is used as is, if it matches
     folder = Path(args.out) if args.out else Path("images") / spec.name
     written = write_folder(folder, out.files)
     shown = sorted({str(folder / p.relative_to(folder).parts[0]) for p in written})
@@ -83,6 +88,7 @@ def cmd_build(args) -> int:
     if not args.no_build:
         from .engines import build_image
 
+        out = ensure_locked(args, spec, folder, out)      # no lock yet: resolve and write one
         result["image"] = build_image(folder, out, args)
     if args.json:
         _print_json(result)
@@ -145,7 +151,12 @@ def cmd_verify(args) -> int:
     return run(args)
 
 
-ARGS = {"check": _add_spec_arg, "build": _build_args, "presets": lambda p: p.add_argument(
+from .lock.cli import cmd_diff, cmd_lock, diff_args, lock_args  # noqa: E402
+
+command("lock", "resolve every pin and hash of a spec into envbuilder.lock (--update NAME: one entry)")(cmd_lock)
+command("diff", "compare two locks or manifests (files, output folders, images): added, removed, changed")(cmd_diff)
+
+ARGS = {"check": _add_spec_arg, "build": _build_args, "lock": lock_args, "diff": diff_args, "presets": lambda p: p.add_argument(
     "--json", action="store_true", help="machine-readable output"), "schema": lambda p: None,
         "verify": _verify_args}
 

@@ -49,8 +49,16 @@ def _tree_sha(files: dict[str, bytes]) -> str:
     return h.hexdigest()
 
 
-def generate(spec: Spec) -> Output:
+def generate(spec: Spec, lock=None) -> Output:
+    """The output folder's files. With ``lock`` (envbuilder.lock.Lock, already checked against the
+    spec) every pin comes from it: base digests, apt versions, pip hashes, source hashes; the
+    lock and its pins/ lists join the files. Without one, the pins the spec and catalog know."""
     stack = resolve(spec)
+    if lock is not None:
+        from .lock.resolve import check_matches
+
+        check_matches(lock, stack)
+        stack.lock = lock
     plan = build_plan(stack)
     sha = spec.sha256()
     recipes: dict[str, bytes] = {}
@@ -59,6 +67,12 @@ def generate(spec: Spec) -> Output:
     if "apptainer" in spec.targets:
         recipes["Apptainer.def"] = render_apptainer(plan, sha).encode()
     recipes["job.sbatch"] = render_sbatch(stack).encode()
+    if lock is not None:
+        from .lock import dump
+        from .lock.render import pins_files
+
+        recipes["envbuilder.lock"] = dump(lock).encode()
+        recipes.update(pins_files(lock))
     smoke = smoke_files()
     files = dict(recipes)
     files["manifest.json"] = render_manifest(stack, recipes, _tree_sha(smoke)).encode()

@@ -22,6 +22,8 @@ class Step:
     build_env: dict[str, str] = field(default_factory=dict)   # only while this step runs
     network: bool = False           # downloads: gets the CA bundle and the wheelhouse mounted
     notes: list[str] = field(default_factory=list)            # extra comment lines (why)
+    mounts: list[str] = field(default_factory=list)           # build-context files the step reads
+                                                              # (pins/...: bind-mounted at /<path>)
 
 
 @dataclass

@@ -48,6 +48,7 @@ class Stack:
     os_name: str
     ngc: dict | None
     findings: list[Finding] = field(default_factory=list)
+    lock: object | None = None      # envbuilder.lock.model.Lock when rendering from a lock
 
     # --- derived facts used by several components -------------------------------------------
     @property

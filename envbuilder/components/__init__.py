@@ -5,18 +5,19 @@ from __future__ import annotations
 
 from ..plan import Plan, Stage
 from ..resolve import Stack
-from . import framework, horovod, mpi, packages, python, smoke, system
+from . import conda, framework, horovod, mpi, packages, python, smoke, system
 
 
 def assemble(stack: Stack) -> Plan:
     spec = stack.spec
-    devel = Stage("devel", stack.base)
+    devel = Stage("devel", _base(stack, "devel", stack.base))
     devel.items += system.devel_steps(stack)
     devel.items += mpi.devel_steps(stack)
     devel.items += python.devel_steps(stack)
     devel.items += framework.devel_steps(stack)
     devel.items += horovod.devel_steps(stack)
     devel.items += packages.pip_steps(stack)
+    devel.items += conda.devel_steps(stack)
 
     if stack.ngc is not None:
         # An NGC image already is a complete devel + runtime image: one stage, add what is missing.
@@ -24,15 +25,25 @@ def assemble(stack: Stack) -> Plan:
         final = devel
         stages = [devel]
     else:
-        final = Stage("runtime", stack.runtime_base)
+        final = Stage("runtime", _base(stack, "runtime", stack.runtime_base))
         final.items += system.runtime_steps(stack)
-        final.items += mpi.runtime_copies(stack) + python.runtime_copies(stack)
+        final.items += mpi.runtime_copies(stack) + python.runtime_copies(stack) + conda.runtime_copies(stack)
         stages = [devel, final]
     final.items += smoke.install(stack)
 
     env: dict[str, str] = {}
-    for part in (system, mpi, python, framework, horovod):
-        env.update(part.runtime_env(stack))
+    for part in (system, mpi, python, framework, horovod, conda):
+        for key, value in part.runtime_env(stack).items():
+            if key == "PATH" and "PATH" in env:      # components extend PATH, none replaces it
+                value = value.replace("$PATH", env["PATH"])
+            env[key] = value
     env.update(dict(spec.env))
     return Plan(name=spec.name, stages=stages, env=env, labels=smoke.labels(stack),
                 help=smoke.help_text(stack), runscript=["python"], test=smoke.test_command(stack))
+
+
+def _base(stack: Stack, stage: str, ref: str) -> str:
+    """The FROM reference: with a lock, ref@digest (a registry image); a local image keeps its tag
+    (BuildKit cannot address it by ID) and `envbuilder build` checks the ID before building."""
+    entry = stack.lock.base.get(stage) if stack.lock else None
+    return entry["pinned"] if entry else ref

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from ..plan import Step
 from ..resolve import Stack
-from .python import pip
+from .python import locked_env, pip
 
 
 def devel_steps(stack: Stack) -> list[Step]:
     fw = stack.spec.framework
     if stack.framework_from_base:
         return []
+    from ..lock.render import pip_group
+
     index = stack.framework_index_url
     extra = f" --extra-index-url {index}" if index else ""
-    return [Step("framework", f"{fw.name} {fw.version}", [
+    locked, mounts = pip_group(stack, "framework", f"{pip(stack)}{extra}")
+    return [Step("framework", f"{fw.name} {fw.version}", locked or [
         f"{pip(stack)}{extra} {stack.framework_requirement}",
-    ], network=True)]
+    ], network=True, mounts=mounts, build_env=locked_env(stack))]
 
 
 def runtime_env(stack: Stack) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..plan import Step
 from ..resolve import Stack
-from .python import pip
+from .python import locked_env, pip
 
 # Horovod 0.28.1's install_requires, pinned (PyPI, versions that support Python 3.8 - 3.13).
 REQUIRES = ["cloudpickle==3.0.0", "packaging==24.0", "psutil==5.9.8", "PyYAML==6.0.1"]
@@ -35,10 +35,13 @@ def devel_apt(stack: Stack) -> list[str]:
 
 
 def devel_steps(stack: Stack) -> list[Step]:
+    from ..lock.render import pip_group, source
+
     hv = stack.spec.horovod
     sdist = stack.horovod_sdist
     if not sdist:
         return []
+    sdist = source(stack, "horovod") or sdist       # the lock's hash is the one the build checks
     folder = f"/tmp/horovod/horovod-{hv.version}"
     cmds = [
         "mkdir -p /tmp/horovod",
@@ -54,15 +57,17 @@ def devel_steps(stack: Stack) -> list[Step]:
         cmds.append(f"sed -i 's/{old}/{new}/' {files}")
         cmds += [f"grep -q '{new}' {folder}/{f}" for f in patch["files"]]
         notes.append(f"fix {name}: {patch['reason']}")
-    cmds += [
-        f"{pip(stack)} {' '.join(REQUIRES)}",
-        f"{pip(stack)} --no-build-isolation {folder}",
-        "rm -rf /tmp/horovod",
-    ]
+    locked, mounts = pip_group(stack, "horovod", pip(stack))
+    if stack.lock:
+        cmds += locked + [f"{pip(stack)} --no-build-isolation --no-deps {folder}"]
+    else:
+        cmds += [f"{pip(stack)} {' '.join(REQUIRES)}", f"{pip(stack)} --no-build-isolation {folder}"]
+    cmds.append("rm -rf /tmp/horovod")
     ops = ", ".join(hv.operations)
     return [Step("horovod", f"Horovod {hv.version} with {ops}, built against "
                             f"{stack.spec.framework.name} {stack.spec.framework.version}",
-                 cmds, build_env=build_flags(stack), network=True, notes=notes)]
+                 cmds, build_env={**build_flags(stack), **locked_env(stack)}, network=True, notes=notes,
+                 mounts=mounts)]
 
 
 def runtime_env(stack: Stack) -> dict[str, str]:

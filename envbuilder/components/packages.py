@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..plan import Step
 from ..resolve import Stack
-from .python import pip
+from .python import locked_env, pip
 
 
 def apt(stack: Stack) -> list[str]:
@@ -15,7 +15,12 @@ def pip_steps(stack: Stack) -> list[Step]:
     reqs = stack.spec.packages.pip
     if not reqs:
         return []
+    from ..lock.render import pip_group
+
     # Last: the pins users change most often, so a changed pin rebuilds one small layer.
-    return [Step("packages", "extra Python packages from the spec", [
+    locked, mounts = pip_group(stack, "packages", pip(stack))
+    if stack.lock and not locked:
+        return []       # everything they need is already installed by an earlier group
+    return [Step("packages", "extra Python packages from the spec", locked or [
         f"{pip(stack)} {' '.join(sorted(reqs, key=str.lower))}",
-    ], network=True)]
+    ], network=True, mounts=mounts, build_env=locked_env(stack))]

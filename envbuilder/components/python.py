@@ -31,12 +31,25 @@ def runtime_apt(stack: Stack) -> list[str]:
 def devel_steps(stack: Stack) -> list[Step]:
     if stack.ngc:
         return []
+    from ..lock.render import pip_group
+
+    locked, mounts = pip_group(stack, "python", pip(stack))
     return [Step("python", f"Python {stack.python} virtual environment in {VENV}", [
         f"python3 -c 'import sys; v = \"%d.%d\" % sys.version_info[:2]; "
         f"assert v == \"{stack.python}\", \"base has Python \" + v + \", spec asks {stack.python}\"'",
         f"python3 -m venv {VENV}",
-        f"{pip(stack)} {' '.join(BOOTSTRAP)}",
-    ], network=True)]
+        *(locked or [f"{pip(stack)} {' '.join(BOOTSTRAP)}"]),
+    ], network=True, mounts=mounts, build_env=locked_env(stack))]
+
+
+def locked_env(stack: Stack) -> dict[str, str]:
+    """With a lock: SOURCE_DATE_EPOCH from it, so pip writes hash-based .pyc files (the same
+    bytes in every build of the lock)."""
+    if not stack.lock:
+        return {}
+    from ..lock.render import source_date_epoch
+
+    return {"SOURCE_DATE_EPOCH": source_date_epoch(stack.lock)}
 
 
 def runtime_copies(stack: Stack) -> list[Copy]:

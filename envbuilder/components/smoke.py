@@ -38,6 +38,10 @@ def labels(stack: Stack) -> dict[str, str]:
         "dev.envbuilder.framework": f"{spec.framework.name}=={spec.framework.version}",
         "dev.envbuilder.python": stack.python,
     }
+    if stack.lock:
+        base = stack.lock.base.get("runtime") or stack.lock.base["devel"]
+        out["org.opencontainers.image.base.digest"] = base["digest"]
+        out["dev.envbuilder.lock-resolved-at"] = stack.lock.resolved_at
     if spec.horovod:
         out["dev.envbuilder.horovod"] = f"{spec.horovod.version} ({','.join(spec.horovod.operations)})"
     if spec.cuda:

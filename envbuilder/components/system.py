@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..plan import Step
 from ..resolve import Stack
-from . import cuda, horovod, mpi, packages, python
+from . import conda, cuda, horovod, mpi, packages, python
 
 
 def _apt_install(packages_: list[str]) -> list[str]:
@@ -19,26 +19,58 @@ def _apt_install(packages_: list[str]) -> list[str]:
     ]
 
 
-def devel_steps(stack: Stack) -> list[Step]:
-    pkgs = ["ca-certificates"]
-    for part in (python, cuda, mpi, horovod):
-        pkgs += part.devel_apt(stack)
+def devel_packages(stack: Stack) -> list[str]:
+    """What the first stage installs with apt (names, or name=version where the spec pins)."""
     if stack.ngc:
-        pkgs = packages.apt(stack)
-        if not pkgs:
-            return []
-        return [Step("system", "OS packages the spec asks for (the NGC image has the rest)",
-                     _apt_install(pkgs))]
-    return [Step("system", "OS packages for building: compilers and headers (this stage is discarded)",
-                 _apt_install(pkgs))]
+        return sorted(set(packages.apt(stack)))
+    pkgs = ["ca-certificates"]
+    for part in (python, cuda, mpi, horovod, conda):
+        pkgs += part.devel_apt(stack)
+    return sorted(set(pkgs))
 
 
-def runtime_steps(stack: Stack) -> list[Step]:
+def runtime_packages(stack: Stack) -> list[str]:
+    if stack.ngc:
+        return []
     pkgs = ["ca-certificates"]
     for part in (python, cuda, mpi):
         pkgs += part.runtime_apt(stack)
     pkgs += packages.apt(stack)
-    return [Step("system", "OS packages the image needs at run time (no compilers)", _apt_install(pkgs))]
+    return sorted(set(pkgs))
+
+
+def _locked_install(stage: str) -> tuple[list[str], str]:
+    """apt-get install of the exact versions the lock holds (pins/apt-STAGE.txt, bind-mounted)."""
+    pins = f"pins/apt-{stage}.txt"
+    return [
+        "apt-get update",
+        f"xargs -a /{pins} env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends",
+        "rm -rf /var/lib/apt/lists/* /var/log/apt /var/log/dpkg.log /var/cache/ldconfig/aux-cache",
+    ], pins
+
+
+def _step(stack: Stack, stage: str, title: str, pkgs: list[str]) -> Step:
+    lock = getattr(stack, "lock", None)
+    if lock is not None and lock.apt.get(stage):
+        cmds, pins = _locked_install(stage)
+        return Step("system", title, cmds, mounts=[pins],
+                    notes=[f"{len(lock.apt[stage])} packages at the versions in envbuilder.lock ({pins})"])
+    return Step("system", title, _apt_install(pkgs))
+
+
+def devel_steps(stack: Stack) -> list[Step]:
+    pkgs = devel_packages(stack)
+    if stack.ngc:
+        if not pkgs:
+            return []
+        return [_step(stack, "devel", "OS packages the spec asks for (the NGC image has the rest)", pkgs)]
+    return [_step(stack, "devel", "OS packages for building: compilers and headers (this stage is discarded)",
+                  pkgs)]
+
+
+def runtime_steps(stack: Stack) -> list[Step]:
+    return [_step(stack, "runtime", "OS packages the image needs at run time (no compilers)",
+                  runtime_packages(stack))]
 
 
 def runtime_env(stack: Stack) -> dict[str, str]:

@@ -131,7 +131,10 @@ def build(folder: Path, output, args) -> dict:
         shutil.rmtree(context, ignore_errors=True)
     seconds = time.monotonic() - started
     if code != 0:
-        raise CheckFailed("docker build", f"step failed: {_failed_step(lines)}",
+        from ..lock.cli import explain_build_failure
+
+        why = explain_build_failure(lines, output.stack.lock)
+        raise CheckFailed("docker build", f"step failed: {_failed_step(lines)}" + (f"\n  lock: {why}" if why else ""),
                           f"the full log is {log_path}")
     image = client.images.get(tag)
     info = {"engine": "docker", "tag": tag, "id": image.id, "size_bytes": image.attrs.get("Size"),

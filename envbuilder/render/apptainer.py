@@ -29,6 +29,8 @@ def _post(steps: list[Step], drop_wheelhouse: bool) -> list[str]:
         lines.append("    )")
     if drop_wheelhouse:
         lines.append("    rm -rf /wheelhouse   # local wheels were only needed to install")
+    if any(step.mounts for step in steps):
+        lines.append("    rm -rf /pins   # the lock's pin lists were only needed to install")
     return lines
 
 
@@ -61,6 +63,8 @@ def render_apptainer(plan: Plan, spec_sha: str) -> str:
         copies = [i for i in stage.items if isinstance(i, Copy)]
         if not last or not multi:
             copies = [Copy("wheelhouse", "/wheelhouse")] + copies
+        if any(i.mounts for i in stage.items if isinstance(i, Step)):
+            copies = [Copy("pins", "/pins")] + copies
         out += _files(copies)
         out += _post([i for i in stage.items if isinstance(i, Step)], drop_wheelhouse=not multi)
         if not last:

@@ -17,11 +17,12 @@ def _step(step: Step) -> list[str]:
     commands = list(step.commands)
     if step.build_env:
         commands = ["export " + " ".join(f"{k}={v}" for k, v in step.build_env.items())] + commands
+    mounts = [f"--mount=type=bind,source={m},target=/{m}" for m in step.mounts]
     if step.network:
         commands = network_setup() + commands
-        mounts = ("RUN --mount=type=secret,id=ca \\\n"
-                  f"    --mount=type=bind,source=wheelhouse,target={WHEELHOUSE} \\\n    ")
-        lines.append(mounts + shell_join(commands))
+        mounts = ["--mount=type=secret,id=ca", f"--mount=type=bind,source=wheelhouse,target={WHEELHOUSE}"] + mounts
+    if mounts:
+        lines.append("RUN " + " \\\n    ".join(mounts) + " \\\n    " + shell_join(commands))
     else:
         lines.append("RUN " + shell_join(commands))
     return lines

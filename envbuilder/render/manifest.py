@@ -29,7 +29,11 @@ def expected(stack: Stack) -> dict:
     for req in spec.packages.pip:
         name, _, version = req.partition("==")
         pins[name.split("[")[0].lower()] = version
-    return {
+    lock = getattr(stack, "lock", None)
+    if lock is not None:
+        # every locked Python package: the smoke suite's drift check compares them all
+        pins = lock.pip_versions()
+    out = {
         "python": stack.python,
         "framework": {"name": fw.name, "module": fw.module, "version": fw.version},
         "horovod": hv,
@@ -40,6 +44,12 @@ def expected(stack: Stack) -> dict:
         "gpu": spec.cuda is not None,
         "packages": dict(sorted(pins.items())),
     }
+    if lock is not None:
+        # OS packages of the final stage, name -> version (for a dpkg drift check)
+        stage = "runtime" if "runtime" in lock.apt else "devel"
+        out["apt"] = {e["name"]: e["version"] for e in lock.apt.get(stage, [])}
+        out["conda"] = {p["name"]: p["version"] for p in lock.conda_packages()} or None
+    return out
 
 
 def render_manifest(stack: Stack, files: dict[str, bytes], smoke_sha: str) -> str:
@@ -58,8 +68,17 @@ def render_manifest(stack: Stack, files: dict[str, bytes], smoke_sha: str) -> st
             "framework_index_url": stack.framework_index_url,
         },
         "findings": [f.as_dict() for f in stack.findings],
+        **({"lock": _lock_record(stack.lock)} if getattr(stack, "lock", None) is not None else {}),
         "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
         "smoke_suite_sha256": smoke_sha,
         "spec": spec.canonical(),
     }
     return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+
+
+def _lock_record(lock) -> dict:
+    """What the image was built from: the lock's digest, its time, the base images by digest."""
+    return {"sha256": lock.sha256(), "resolved_at": lock.resolved_at,
+            "base": {stage: b["digest"] for stage, b in sorted(lock.base.items())},
+            "counts": {"apt": sum(len(v) for v in lock.apt.values()), "pip": len(lock.pip_entries()),
+                       "sources": len(lock.sources), "conda": len(lock.conda_packages())}}

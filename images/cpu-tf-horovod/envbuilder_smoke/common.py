@@ -61,8 +61,8 @@ def version_matches(expected, installed):
 
     '3.11' matches '3.11.2'; '2.13.0' matches '2.13.0+cpu'; '2.13.0' does not match
     '2.13.1' nor '2.13.0rc1' (a pre-release is not the release). An expected version
-    with a suffix of its own ('2.13.0rc1', '1.0.post1') must match exactly (local
-    label after '+' ignored).
+    with a suffix of its own ('2.13.0rc1', '1.0.post1') must match exactly; an expected
+    local label ('2.13.0+cpu') must be the installed one.
     """
     if expected is None:
         return True
@@ -76,8 +76,10 @@ def version_matches(expected, installed):
     inst_rel, inst_rest = inst
     if inst_rel[:len(exp_rel)] != exp_rel:
         return False
-    exp_suffix = exp_rest.split("+", 1)[0]
-    inst_suffix = inst_rest.split("+", 1)[0]
+    exp_suffix, _, exp_local = exp_rest.partition("+")
+    inst_suffix, _, inst_local = inst_rest.partition("+")
+    if exp_local and exp_local != inst_local:
+        return False  # '2.13.0+cpu' asks for the CPU build: '2.13.0+cu121' is not it
     if exp_suffix:
         return len(inst_rel) == len(exp_rel) and inst_suffix == exp_suffix
     if len(inst_rel) == len(exp_rel):
@@ -233,7 +235,10 @@ def format_table(checks, width=None):
     """Plain text table: check, result, figure (+ first detail line on failure)."""
     rows = [("CHECK", "RESULT", "FIGURE")]
     for c in checks:
-        rows.append((c.get("name", "?"), c.get("status", "?").upper(), c.get("figure", "") or ""))
+        figure = c.get("figure", "") or ""
+        if c.get("status") == SKIP and not figure and c.get("detail"):
+            figure = "(%s)" % str(c["detail"]).splitlines()[0]
+        rows.append((c.get("name", "?"), c.get("status", "?").upper(), figure))
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     lines = []
@@ -242,7 +247,7 @@ def format_table(checks, width=None):
         if i == 0:
             continue
         c = checks[i - 1]
-        if c.get("status") != PASS and c.get("detail"):
+        if c.get("status") == FAIL and c.get("detail"):
             for dl in str(c["detail"]).splitlines()[:6]:
                 lines.append("%s    %s" % (" " * w0, dl))
     return "\n".join(lines)

@@ -16,7 +16,7 @@ class TFAdapter(object):
     dtypes = ("float32", "float64", "float16", "int32", "int64")
 
     def setup(self, ctx, threads):
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         import numpy as np
         import tensorflow as tf
         import horovod.tensorflow as hvd
@@ -147,9 +147,12 @@ class TFAdapter(object):
 
     def _rank_diff(self, model, label):
         np = self.np
+        """Largest |w - w_rank0| over all ranks and weights (every rank gets the same answer)."""
         vec = self._flat(model)
         ref = self.hvd.broadcast(self.tf.constant(vec), 0, name=self.name(label)).numpy()
-        return float(np.max(np.abs(vec - ref))), float(np.max(np.abs(vec)))
+        mine = self.tf.constant([float(np.max(np.abs(vec - ref)))], dtype=self.tf.float64)
+        every = self.hvd.allgather(mine, name=self.name(label + ".max")).numpy()
+        return float(np.max(every)), float(np.max(np.abs(vec)))
 
     def train(self, ctx, steps=12, warmup=4, batch=16, base_lr=0.01):
         tf, hvd = self.tf, self.hvd
@@ -174,7 +177,7 @@ class TFAdapter(object):
         lossf = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
         model.compile(loss=lossf, optimizer=opt)
         x, y = self._data(steps * batch, 100 + rank)
-        ex, ey = self._data(256, 999)
+        ex, ey = self._data(128, 999)
         # broadcast first so that the loss before training is rank 0's model on every rank
         ctx.phase("broadcast variables")
         for v in model.variables:
@@ -182,26 +185,34 @@ class TFAdapter(object):
         after_bcast, _ = self._rank_diff(model, "train.bcast")
         loss_before = float(lossf(ey, model(ex, training=False)).numpy())
         lrs, times = [], []
+        epochs = max(2, -(-steps // warmup))
 
         class Recorder(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                self.epoch = epoch
+
             def on_train_batch_begin(self, b, logs=None):
-                ctx.phase("train step %d/%d" % (b + 1, steps))
+                ctx.phase("train step %d/%d" % (len(times) + 1, epochs * warmup))
                 self.t0 = time.perf_counter()
 
             def on_train_batch_end(self, b, logs=None):
                 times.append(time.perf_counter() - self.t0)
                 lrs.append(float(keras.backend.get_value(self.model.optimizer.lr)))
 
+            def on_train_end(self, logs=None):
+                ctx.phase("end of fit")
+
         callbacks = [
             hvdk.callbacks.BroadcastGlobalVariablesCallback(0),
             hvdk.callbacks.MetricAverageCallback(),
-            # warm-up from base_lr to base_lr * size over WARMUP steps (Goyal et al.)
-            hvdk.callbacks.LearningRateWarmupCallback(initial_lr=base_lr * size,
-                                                      warmup_epochs=float(warmup) / steps,
-                                                      steps_per_epoch=steps, verbose=0),
+            # warm-up over the first epoch (WARMUP steps) from base_lr to base_lr * size
+            hvdk.callbacks.LearningRateWarmupCallback(initial_lr=base_lr * size, warmup_epochs=1,
+                                                      steps_per_epoch=warmup, verbose=0),
             Recorder(),
         ]
-        hist = model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).repeat()
+        hist = model.fit(data, epochs=epochs, steps_per_epoch=warmup, verbose=0, callbacks=callbacks)
+        ctx.phase("loss after")
         loss_after = float(lossf(ey, model(ex, training=False)).numpy())
         ctx.phase("compare weights")
         end_diff, absmax = self._rank_diff(model, "train.end")
@@ -212,7 +223,8 @@ class TFAdapter(object):
                 "loss_before": loss_before, "loss_after": loss_after,
                 "ranks_maxdiff_initial": initial_diff, "ranks_maxdiff_after_bcast": after_bcast,
                 "ranks_maxdiff_end": end_diff, "weight_absmax": absmax,
-                "step_s": statistics.median(timed), "steps_timed": len(timed), "threads": self.threads}
+                "step_s": statistics.median(timed), "steps_timed": len(timed), "threads": self.threads,
+                "first_step_s": times[0] if times else None}
 
     # ---------------------------------------------------------------- GPU
     def gpu_devices(self, ctx):

@@ -11,6 +11,7 @@ Standard library only; Python >= 3.8.
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -38,7 +39,8 @@ def main(argv=None):
         if value.isdigit():
             pass_fds.append(int(value))
     started = time.time()
-    record = {"rank": rank, "wrapper_pid": os.getpid(), "started": started}
+    record = {"rank": rank, "wrapper_pid": os.getpid(), "started": started,
+              "host": socket.gethostname()}
     try:
         child = subprocess.Popen(cmd, pass_fds=tuple(pass_fds))
     except OSError as exc:

@@ -255,8 +255,11 @@ def check_horovod(expect, hvd_pkg, err):
         return result("versions.horovod", SKIP, "manifest expects no Horovod")
     if hvd_pkg is None:
         return result("versions.horovod", FAIL, err, figure="missing")
+    note = " (%s)" % os.path.dirname(hvd_pkg.__file__ or "")
+    if err:
+        note += "; but " + err
     return _cmp("versions.horovod", "Horovod", hv.get("version"), getattr(hvd_pkg, "__version__", None),
-                " (%s)" % os.path.dirname(hvd_pkg.__file__ or ""))
+                note)
 
 
 def check_mpi(expect):
@@ -284,6 +287,9 @@ def check_mpi(expect):
         if exp.get("version") and not version_matches(exp.get("version"), version):
             problems.append("MPI %s %s installed, manifest expects %s" % (flavor, version,
                                                                            exp.get("version")))
+        if not run_exe:
+            problems.append("no mpirun/mpiexec on PATH (libmpi is there; the mpi controller "
+                            "cannot start without it)")
         if lib_version and run_version and (lib_flavor, lib_version) != (run_flavor, run_version):
             problems.append("mpirun (%s %s) and the libmpi Horovod loads (%s %s) differ" % (
                 run_flavor, run_version, lib_flavor, lib_version))
@@ -390,14 +396,30 @@ def check_user_site():
 
 def run_static(expect):
     """All static checks, in report order. Imports the framework (only the manifest's one)."""
-    out = [check_python(expect)]
+    import time
+    out = []
+
+    def timed(fn, *a):
+        t0 = time.time()
+        res = fn(*a)
+        for r in (res if isinstance(res, list) else [res]):
+            r["seconds"] = round(time.time() - t0, 3)
+            out.append(r)
+
+    timed(check_python, expect)
+    t0 = time.time()
     fw_mod, err = import_framework(expect)
-    out.append(check_framework(expect, fw_mod, err))
+    res = check_framework(expect, fw_mod, err)
+    res["seconds"] = round(time.time() - t0, 3)   # includes the framework's import
+    out.append(res)
+    t0 = time.time()
     hvd_pkg, binding, hvd_err = import_horovod_binding(expect)
-    out.append(check_horovod(expect, hvd_pkg, hvd_err))
-    out.append(check_mpi(expect))
-    out.extend(check_cuda_stack(expect, fw_mod, binding))
-    out.append(check_packages(expect))
-    out.append(check_locale())
-    out.append(check_user_site())
+    res = check_horovod(expect, hvd_pkg, hvd_err)
+    res["seconds"] = round(time.time() - t0, 3)
+    out.append(res)
+    timed(check_mpi, expect)
+    timed(check_cuda_stack, expect, fw_mod, binding)
+    timed(check_packages, expect)
+    timed(check_locale)
+    timed(check_user_site)
     return out

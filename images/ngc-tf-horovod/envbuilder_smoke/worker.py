@@ -58,6 +58,7 @@ class Progress(object):
             "host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
             "running": None, "seq": 0, "results": [], "done": False,
         }
+        self.phases = []
         self.flush()
 
     def flush(self):
@@ -66,13 +67,24 @@ class Progress(object):
     def begin(self, check):
         self.state["running"] = {"check": check, "phase": "start", "since": time.time()}
         self.state["seq"] += 1
+        self.phases = [("start", time.time())]
         self.flush()
 
     def phase(self, text):
         if self.state["running"] is not None:
             self.state["running"]["phase"] = text
         self.state["seq"] += 1
+        self.phases.append((text, time.time()))
         self.flush()
+
+    def phase_times(self, min_s=0.05):
+        """{phase: seconds} of the current check's slower phases (where the time went)."""
+        out = {}
+        marks = self.phases + [("end", time.time())]
+        for (text, t0), (_n, t1) in zip(marks, marks[1:]):
+            if t1 - t0 >= min_s:
+                out[text] = round(out.get(text, 0.0) + t1 - t0, 3)
+        return out
 
     def add(self, res):
         self.state["results"].append(res)
@@ -112,12 +124,14 @@ class Ctx(object):
         prefix = prefix or "allreduce.exact"
         if rank != self.progress.rank or not check.startswith(prefix):
             return
+        # the rank stops before the check's first collective: its progress counter stays
+        # behind the other ranks' (that is how the launcher tells the stuck rank)
+        self.progress.state["running"]["phase"] = "fault injected: %s" % kind
+        self.progress.flush()
         if kind == "hang":
-            self.phase("fault injected: hang")
             while True:
                 time.sleep(3600)
         else:
-            self.phase("fault injected: crash")
             sys.stdout.flush()
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGSEGV)
@@ -300,9 +314,11 @@ def check_train(ctx):
     st = info["step_s"]
     perf = {"step_ms": round(st * 1000, 3), "samples_per_s_per_rank": round(info["batch"] / st, 1),
             "batch_per_rank": info["batch"], "steps_timed": info["steps_timed"]}
-    out.append(result(pname, PASS, "median of %d steps after %d warm-up, batch %d/rank, %d threads/rank"
+    perf["first_step_ms"] = round((info.get("first_step_s") or 0) * 1000, 1)
+    out.append(result(pname, PASS, "median of %d steps after %d warm-up, batch %d/rank, %d threads/rank; "
+                      "first step (graph build, allocation) %.0f ms"
                       % (info["steps_timed"], info["steps"] - info["steps_timed"], info["batch"],
-                         info.get("threads", 0)),
+                         info.get("threads", 0), perf["first_step_ms"]),
                       "%.1f ms/step, %.0f samples/s/rank" % (st * 1000, info["batch"] / st), perf))
     return out
 
@@ -413,6 +429,13 @@ def make_adapter(framework):
     return TFAdapter()
 
 
+def horovod_is_down(exc):
+    """A Horovod error after which no collective can succeed (a peer died, shut down)."""
+    text = "%s: %s" % (type(exc).__name__, exc)
+    return ("HorovodInternalError" in text or "has been shut down" in text
+            or "Connection closed by peer" in text or "Gloo" in text and "closed" in text)
+
+
 def run_checks(ctx, checks):
     """Run (name, fn) pairs; an exception fails that check only. Returns False once the
     run cannot go on (Horovod not initialised)."""
@@ -426,12 +449,17 @@ def run_checks(ctx, checks):
             tb = traceback.format_exc(limit=6)
             res = [result(cname, FAIL, "%s: %s" % (type(exc).__name__, exc), "error",
                           {"traceback": tb})]
-            if cname.startswith("horovod.init"):
+            if cname.startswith("horovod.init") or horovod_is_down(exc):
+                # nothing later can work: stop here (the launcher names what is missing)
+                res[0]["data"]["fatal"] = True
                 ctx.progress.add(res[0])
                 return False
         took = time.time() - t0
+        phases = ctx.progress.phase_times()
         for r in res:
             r.setdefault("seconds", round(took, 3))
+            if phases and r is res[0]:
+                r["phases"] = phases
             ctx.progress.add(r)
     return True
 

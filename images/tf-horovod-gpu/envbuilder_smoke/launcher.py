@@ -30,7 +30,7 @@ import time
 from . import __version__
 from .common import (BEGIN_MARKER, END_MARKER, FAIL, FAULT_ENV, PASS, REPORT_SCHEMA, SKIP,
                      describe_exit, exit_file, format_table, rank_file, read_json, result,
-                     signal_name, threads_per_rank)
+                     signal_name, threads_per_rank, cpu_count)
 from .static import ManifestError, framework_key, framework_module, load_manifest, run_static
 
 DEFAULT_MANIFEST = "/opt/envbuilder/manifest.json"
@@ -131,7 +131,8 @@ def build_command(run, args, worker_args):
     n = run.ranks
     py = [sys.executable, "-m", PACKAGE + ".rank"] + worker_args
     if run.launcher == "horovodrun":
-        return find_horovodrun() + ["-np", str(n), "-H", "localhost:%d" % n, "--gloo"] + \
+        # --disable-cache: horovodrun would write ~/.horovod, read-only in many containers
+        return find_horovodrun() + ["-np", str(n), "-H", "localhost:%d" % n, "--gloo", "--disable-cache"] + \
             shlex.split(args.horovodrun_args or "") + py
     if run.launcher == "mpirun":
         flavor, exe = mpi_flavor()
@@ -160,7 +161,7 @@ def run_env(run, args, expect):
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     env["HOROVOD_TIMELINE"] = "DYNAMIC"
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     elif run.launcher != "srun":
@@ -179,12 +180,38 @@ def run_env(run, args, expect):
             env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         # containers forbid the cross-memory-attach that OpenMPI's shared-memory transport tries
         env.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+        if run.ranks >= cpu_count():
+            # as many ranks as cores (plus Horovod's background threads): busy-polling MPI
+            # would steal the cores the ranks compute on
+            env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     if run.launcher == "none":
         env.setdefault("HOROVOD_RANK", "0")
         env.setdefault("HOROVOD_SIZE", "1")
         env.setdefault("HOROVOD_LOCAL_RANK", "0")
         env.setdefault("HOROVOD_LOCAL_SIZE", "1")
     return env
+
+
+ACTIVE = []   # (Popen, workdir, ranks) of runs in flight: stopped if the launcher is told to stop
+
+
+def _on_terminate(signum, _frame):
+    """The launcher is being stopped (verify's timeout, Ctrl-C, srun tearing the step down):
+    take the ranks down with it instead of leaving them orphaned."""
+    for proc, workdir, ranks in list(ACTIVE):
+        if proc.poll() is None:
+            states, exits = read_ranks(workdir, ranks)
+            stop_run(proc, states, exits, grace=1.0)
+    sys.stderr.write("[smoke] stopped by %s\n" % signal_name(signum))
+    os._exit(128 + signum)
+
+
+def install_signal_handlers():
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        try:
+            signal.signal(sig, _on_terminate)
+        except (ValueError, OSError):
+            pass
 
 
 def _kill(pid, sig):
@@ -214,19 +241,23 @@ def read_ranks(workdir, n):
     return states, exits
 
 
-def stop_run(proc, states, exits):
+def stop_run(proc, states, exits, grace=3.0):
     """SIGTERM the run's process group and every rank we know of, then SIGKILL."""
+    here = socket.gethostname()
     pids = set()
-    for st in states.values():
-        pids.add(st.get("pid"))
-    for ex in exits.values():
-        pids.add(ex.get("worker_pid"))
-        pids.add(ex.get("wrapper_pid"))
+    for r, st in states.items():
+        if st.get("host") == here:      # a pid means nothing on another node
+            pids.add(st.get("pid"))
+    for r, ex in exits.items():
+        if ex.get("host") == here:
+            pids.add(ex.get("worker_pid"))
+            pids.add(ex.get("wrapper_pid"))
     pids.discard(None)
+    pids.add(proc.pid)
     _killpg(proc.pid, signal.SIGTERM)
     for pid in pids:
         _kill(pid, signal.SIGTERM)
-    deadline = time.time() + 3.0
+    deadline = time.time() + grace
     while time.time() < deadline and proc.poll() is None:
         time.sleep(0.1)
     _killpg(proc.pid, signal.SIGKILL)
@@ -238,19 +269,72 @@ def stop_run(proc, states, exits):
         pass
 
 
+def worker_args_for(run, args, manifest_path, workdir):
+    wa = ["--workdir", workdir, "--manifest", manifest_path, "--controller", run.controller,
+          "--framework", run.framework, "--ranks", str(run.ranks)]
+    if run.first:
+        wa.append("--first")
+    if args.require_gpu:
+        wa.append("--require-gpu")
+    return wa
+
+
+def watch(run, workdir, timeout, launcher_alive, t0, events):
+    """Poll the rank files until every rank ended, a rank crashed, or a check ran past TIMEOUT.
+    Returns the reason to stop the run ('' when it ended by itself)."""
+    crash_seen_at = None
+    while True:
+        time.sleep(POLL_S)
+        states, exits = read_ranks(workdir, run.ranks)
+        now = time.time()
+        if not launcher_alive():
+            return ""
+        if len(exits) == run.ranks:
+            return "all ranks ended"
+        crashed = [r for r, ex in exits.items() if ex.get("returncode") and not ex.get("terminated")]
+        if crashed and crash_seen_at is None:
+            crash_seen_at = now
+        if crash_seen_at is not None and now - crash_seen_at > GRACE_S:
+            return "rank %s crashed" % ",".join(str(r) for r in crashed)
+        stuck = []
+        for r in range(run.ranks):
+            st = states.get(r)
+            if r in exits:
+                continue
+            if st is None:
+                if now - t0 > timeout:
+                    events[r] = {"kind": "never", "text": "rank %d never started (no report "
+                                 "after %.0f s)" % (r, now - t0)}
+                    stuck.append(r)
+                continue
+            running = st.get("running")
+            if running and now - running.get("since", now) > timeout:
+                stuck.append(r)
+        if stuck:
+            _mark_hung(run, states, exits, events, stuck, timeout)
+            return "timeout"
+
+
+def collect(run, workdir, events):
+    """The wrappers write their exit records as they go down: wait a little for them."""
+    deadline = time.time() + 2.0
+    while time.time() < deadline:
+        states, exits = read_ranks(workdir, run.ranks)
+        if all(r in exits or (states.get(r) or {}).get("done") for r in range(run.ranks)):
+            break
+        time.sleep(0.1)
+    states, exits = read_ranks(workdir, run.ranks)
+    _mark_crashes(run, states, exits, events)
+    return states, exits, events
+
+
 def execute_run(run, args, expect, manifest_path, workdir):
     """Start the run, watch it, stop it on a timeout or crash. Returns (states, exits, events)."""
     run.workdir = workdir
     os.makedirs(workdir, exist_ok=True)
-    worker_args = ["--workdir", workdir, "--manifest", manifest_path, "--controller", run.controller,
-                   "--framework", run.framework, "--ranks", str(run.ranks)]
-    if run.first:
-        worker_args.append("--first")
-    if args.require_gpu:
-        worker_args.append("--require-gpu")
-    events = {}   # rank -> {"kind": crash|hang|never|killed, "text": ...}
+    events = {}   # rank -> {"kind": crash|hang|never|killed|waiting|lost, "text": ...}
     try:
-        run.command = build_command(run, args, worker_args)
+        run.command = build_command(run, args, worker_args_for(run, args, manifest_path, workdir))
     except RuntimeError as exc:
         run.start_error = str(exc)
         return {}, {}, events
@@ -264,62 +348,121 @@ def execute_run(run, args, expect, manifest_path, workdir):
         except OSError as exc:
             run.start_error = "cannot start %s: %s" % (run.command[0], exc)
             return {}, {}, events
-        timeout = args.timeout
-        crash_seen_at = None
-        stop_reason = ""
-        while True:
-            time.sleep(POLL_S)
-            states, exits = read_ranks(workdir, run.ranks)
-            now = time.time()
-            if proc.poll() is not None:
-                break
-            if len(exits) == run.ranks:
-                # every rank ended: give the launcher a moment to exit by itself
-                try:
-                    proc.wait(timeout=GRACE_S)
-                except subprocess.TimeoutExpired:
-                    stop_reason = "launcher did not exit after all ranks ended"
-                break
-            crashed = [r for r, ex in exits.items() if ex.get("returncode") and not ex.get("terminated")]
-            if crashed and crash_seen_at is None:
-                crash_seen_at = now
-            if crash_seen_at is not None and now - crash_seen_at > GRACE_S:
-                stop_reason = "rank %s crashed" % ",".join(str(r) for r in crashed)
-                break
-            stuck = []
-            for r in range(run.ranks):
-                st = states.get(r)
-                if r in exits:
-                    continue
-                if st is None:
-                    if now - t0 > timeout:
-                        events[r] = {"kind": "never", "text": "rank %d never started (no report "
-                                     "after %.0f s)" % (r, now - t0)}
-                        stuck.append(r)
-                    continue
-                running = st.get("running")
-                if running and now - running.get("since", now) > timeout:
-                    stuck.append(r)
-            if stuck:
-                stop_reason = "timeout"
-                _mark_hung(run, states, exits, events, stuck, timeout)
-                break
+        ACTIVE.append((proc, workdir, run.ranks))
+        reason = watch(run, workdir, args.timeout, lambda: proc.poll() is None, t0, events)
+        if reason == "all ranks ended":
+            # give the launcher a moment to exit by itself
+            try:
+                proc.wait(timeout=GRACE_S)
+                reason = ""
+            except subprocess.TimeoutExpired:
+                reason = "launcher did not exit after all ranks ended"
         run.wall_s = time.time() - t0
         if proc.poll() is None:
-            if stop_reason:
-                run.killed = stop_reason
+            run.killed = reason
             stop_run(proc, *read_ranks(workdir, run.ranks))
         run.returncode = proc.returncode
-    # the wrappers write their exit records as they go down
-    deadline = time.time() + 2.0
-    while time.time() < deadline:
-        states, exits = read_ranks(workdir, run.ranks)
-        if all(r in exits or (states.get(r) or {}).get("done") for r in range(run.ranks)):
-            break
-        time.sleep(0.1)
-    states, exits = read_ranks(workdir, run.ranks)
-    _mark_crashes(run, states, exits, events)
-    return states, exits, events
+        ACTIVE.remove((proc, workdir, run.ranks))
+    return collect(run, workdir, events)
+
+
+# ----------------------------------------------------------------------------- inside srun
+
+def slurm_step():
+    """(rank, size) when this process is one task of a multi-task srun step, else None."""
+    env = os.environ
+    if "SLURM_STEP_ID" not in env or "SLURM_PROCID" not in env:
+        return None
+    try:
+        size = int(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1")
+        rank = int(env["SLURM_PROCID"])
+    except ValueError:
+        return None
+    return (rank, size) if size > 1 else None
+
+
+def step_workdir(args):
+    """A folder every task of the step computes alike (must be shared when the step spans nodes)."""
+    if args.workdir:
+        return args.workdir
+    env = os.environ
+    tag = "envbuilder-smoke-%s.%s" % (env.get("SLURM_JOB_ID", "0"), env.get("SLURM_STEP_ID", "0"))
+    base = env.get("ENVBUILDER_SMOKE_WORKDIR") or env.get("OUTPUT_DIR") or tempfile.gettempdir()
+    return os.path.join(base, tag)
+
+
+def abort_file(workdir):
+    return os.path.join(workdir, "ABORT")
+
+
+def done_file(workdir):
+    return os.path.join(workdir, "DONE")
+
+
+def execute_in_step(run, args, expect, manifest_path, workdir, rank):
+    """Every srun task starts its own rank; rank 0 watches them all through the shared folder
+    and, on a crash or a hang, writes ABORT, which every task obeys."""
+    run.workdir = workdir
+    os.makedirs(workdir, exist_ok=True)
+    events = {}
+    run.command = [sys.executable, "-m", PACKAGE + ".rank"] + worker_args_for(run, args, manifest_path,
+                                                                             workdir)
+    env = run_env(run, args, expect)
+    pass_fds = tuple(int(os.environ[v]) for v in ("PMI_FD", "PMI_CMD_FD")
+                     if os.environ.get(v, "").isdigit())
+    run.log_path = os.path.join(workdir, "rank-%d.log" % rank)
+    t0 = time.time()
+    with open(run.log_path, "wb") as logf:
+        try:
+            # same process group as this task: whatever srun does to the task reaches the rank
+            proc = subprocess.Popen(run.command, stdout=logf, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env, pass_fds=pass_fds)
+        except OSError as exc:
+            run.start_error = "cannot start %s: %s" % (run.command[0], exc)
+            return {}, {}, events
+        ACTIVE.append((proc, workdir, run.ranks))
+        if rank == 0:
+            reason = watch(run, workdir, args.timeout, lambda: True, t0, events)
+            if reason and reason != "all ranks ended":
+                run.killed = reason
+                with open(abort_file(workdir), "w") as fh:
+                    fh.write(reason + "\n")
+        else:
+            own_since = None
+            while proc.poll() is None:
+                time.sleep(POLL_S)
+                if os.path.exists(abort_file(workdir)):
+                    break
+                st = read_json(rank_file(workdir, rank)) or {}
+                running = st.get("running") or {}
+                own_since = running.get("since")
+                # rank 0 may be gone: do not wait for it forever
+                if own_since and time.time() - own_since > args.timeout + 30:
+                    break
+        if proc.poll() is None:
+            states, exits = read_ranks(workdir, run.ranks)
+            stop_run(proc, {rank: states[rank]} if rank in states else {},
+                     {rank: exits[rank]} if rank in exits else {})
+        run.returncode = proc.returncode
+        run.wall_s = time.time() - t0
+        ACTIVE.remove((proc, workdir, run.ranks))
+    if rank != 0:
+        # stay until rank 0 has read everything: a task that ends early can make srun/mpirun
+        # tear the step down under rank 0
+        deadline = time.time() + args.timeout + 60
+        while time.time() < deadline and os.path.isdir(workdir) and \
+                not os.path.exists(done_file(workdir)):
+            time.sleep(POLL_S)
+        return {}, {}, events
+    if run.killed:
+        # the other tasks see ABORT within a poll interval; their wrappers then record the end
+        deadline = time.time() + GRACE_S
+        while time.time() < deadline and len(read_ranks(workdir, run.ranks)[1]) < run.ranks:
+            time.sleep(0.2)
+    out = collect(run, workdir, events)
+    with open(done_file(workdir), "w") as fh:
+        fh.write("merged\n")
+    return out
 
 
 def _mark_hung(run, states, exits, events, stuck, timeout):
@@ -392,24 +535,35 @@ def merge_run(run, states, exits, events):
     out = []
     for name in names:
         got = per_name.get(name, {})
-        if len(got) == run.ranks:
+        missing = [r for r in range(run.ranks) if r not in got]
+        if not missing:
             out.append(_fold(name, got))
             continue
-        missing = [r for r in range(run.ranks) if r not in got]
         culprits = []
+        figure = []
+        order = {"crash": 0, "hang": 0, "never": 0, "lost": 1}
+        missing.sort(key=lambda r: (order.get(events.get(r, {}).get("kind"), 2), r))
         for r in missing:
             st = states.get(r) or {}
             running = (st.get("running") or {}).get("check")
             if running and (running == name or _same_step(running, name)):
-                culprits.append(events.get(r, {}).get("text") or "rank %d stopped in this check" % r)
+                ev = events.get(r, {})
+                culprits.append(ev.get("text") or "rank %d stopped in this check" % r)
+                word = {"hang": "hung", "crash": "crashed", "never": "never started"}.get(ev.get("kind"))
+                if word:
+                    figure.append("rank %d %s" % (r, word))
         if culprits:
             detail = "; ".join(culprits)
-            res = result(name, FAIL, detail, "rank %s" % ",".join(str(r) for r in missing))
-        elif got:
+            res = result(name, FAIL, detail, ", ".join(figure) or "rank %s stopped" % ",".join(
+                str(r) for r in missing))
+        elif got and not first_failure:
             res = _fold(name, got)
             res["status"] = FAIL
-            res["detail"] = "ranks %s did not report: %s" % (
-                ",".join(str(r) for r in missing), first_failure or "run ended early")
+            res["detail"] = "rank %s did not report (run ended early)" % ",".join(str(r) for r in missing)
+        elif got:
+            # the other ranks went on after a peer died: their errors are consequences
+            res = result(name, SKIP, "not run on rank %s: %s" % (
+                ",".join(str(r) for r in missing), first_failure))
         else:
             res = result(name, SKIP, "not run: %s" % (first_failure or run.start_error or
                                                         "the run ended early"))
@@ -431,6 +585,8 @@ def _brief(res):
     out = {"status": res.get("status"), "figure": res.get("figure", "")}
     if res.get("data") is not None:
         out["data"] = res["data"]
+    if res.get("phases"):
+        out["phases"] = res["phases"]
     if res.get("status") == FAIL:
         out["detail"] = res.get("detail", "")
     return out
@@ -479,7 +635,7 @@ def launch_check(run, events):
     return result(name, PASS, cmd, figure, data)
 
 
-def _log_tail(path, lines=15):
+def _log_tail(path, lines=10):
     try:
         with open(path, "rb") as fh:
             fh.seek(0, 2)
@@ -505,6 +661,8 @@ def operations_check(expect, checks):
         if c["name"].startswith("gpu.nccl_allreduce") and c["status"] == PASS:
             used.add("nccl")
     gpu_skipped = any(c["name"].startswith("gpu.nccl_allreduce") and c["status"] == SKIP for c in checks)
+    ran = set(c["name"].split("[")[-1].rstrip("]") for c in checks
+              if c["name"].startswith("horovod.init[") and c["status"] == PASS)
     problems, notes = [], []
     for op in want:
         built = flags.get("%s_built" % op)
@@ -516,6 +674,8 @@ def operations_check(expect, checks):
             notes.append("%s built and used" % op)
         elif op == "nccl" and gpu_skipped:
             notes.append("nccl built; not exercised: no GPU")
+        elif op in ("mpi", "gloo") and op not in ran:
+            notes.append("%s built; not exercised: no run used the %s controller" % (op, op))
         else:
             problems.append("%s built but no allreduce was carried by it" % op)
     if problems:
@@ -564,16 +724,88 @@ def emit(report, args):
         report["summary"]["pass"], report["summary"]["fail"], report["summary"]["skip"], report["wall_s"])
     if args.json:
         if not args.quiet:
-            sys.stderr.write(table + "\n" + summary + "\n")
+            sys.stderr.write("[smoke] %s\n" % summary)
         sys.stdout.write("\n%s\n%s\n%s\n" % (BEGIN_MARKER, text, END_MARKER))
     else:
         sys.stdout.write(table + "\n" + summary + "\n")
     sys.stdout.flush()
 
 
+def main_in_step(args, manifest, manifest_path, step, t_start):
+    """One task of `srun -n N ... python -m envbuilder_smoke`: be one rank; rank 0 reports."""
+    rank, size = step
+    expect = manifest["expect"]
+    if rank != 0:
+        args.quiet = True
+    checks = []
+    if rank == 0 and not args.skip_static:
+        log(args, "static checks (imports %s)" % (framework_module(expect) or "no framework"))
+        checks.extend(run_static(expect))
+    args.launcher = "srun"
+    runs = plan_runs(expect, args)
+    base = step_workdir(args)
+    run_records = []
+    if not runs:
+        checks.append(result("horovod", SKIP, "the manifest asks for no Horovod: no multi-rank checks"))
+    hv = expect.get("horovod") or {}
+    if runs and "mpi" not in (hv.get("controllers") or ["mpi"]):
+        checks.append(result("launch", FAIL, "inside srun the ranks need Horovod's mpi controller; "
+                             "the manifest builds only %s" % ", ".join(hv.get("controllers") or [])))
+        runs = []
+    for i, run in enumerate(runs):
+        run.ranks = size
+        run.launcher = "srun-step"
+        wd = os.path.join(base, "run%d-%s-%s" % (i, run.framework, run.controller))
+        log(args, "run %d/%d: %s, rank %d of %d in this srun step" % (i + 1, len(runs), run.framework,
+                                                                     rank, size))
+        states, exits, events = execute_in_step(run, args, expect, manifest_path, wd, rank)
+        if rank == 0:
+            checks.append(launch_check(run, events))
+            checks.extend(merge_run(run, states, exits, events))
+            run_records.append({"framework": run.framework, "controller": run.controller,
+                                "launcher": run.launcher, "ranks": run.ranks, "workdir": wd,
+                                "wall_s": round(run.wall_s, 2), "returncode": run.returncode,
+                                "killed": run.killed,
+                                "events": {str(k): v for k, v in events.items()}})
+    if rank != 0:
+        return 0
+    ops = operations_check(expect, checks)
+    if ops is not None:
+        checks.append(ops)
+    if not args.keep and not args.workdir:
+        shutil.rmtree(base, ignore_errors=True)
+    return finish(args, manifest, manifest_path, checks, run_records, t_start,
+                  launcher="srun (in step, %d tasks)" % size, ranks=size, workdir=base)
+
+
+def finish(args, manifest, manifest_path, checks, run_records, t_start, launcher, ranks, workdir):
+    summary = {s: sum(1 for c in checks if c["status"] == s) for s in (PASS, FAIL, SKIP)}
+    report = {
+        "schema": REPORT_SCHEMA,
+        "suite_version": __version__,
+        "manifest": {"path": manifest_path, "name": manifest.get("name")},
+        "host": socket.gethostname(),
+        "python": sys.executable,
+        "platform": platform.platform(),
+        "ranks": ranks,
+        "launcher": launcher,
+        "fault": os.environ.get(FAULT_ENV) or None,
+        "workdir": workdir,
+        "runs": run_records,
+        "started": t_start,
+        "wall_s": round(time.time() - t_start, 2),
+        "ok": summary[FAIL] == 0,
+        "summary": summary,
+        "checks": checks,
+    }
+    emit(report, args)
+    return 0 if report["ok"] else 1
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     t_start = time.time()
+    install_signal_handlers()
     manifest_path = args.manifest or (DEFAULT_MANIFEST if os.path.exists(DEFAULT_MANIFEST) else None)
     try:
         manifest = load_manifest(manifest_path)
@@ -585,6 +817,10 @@ def main(argv=None):
         return 2
     manifest_path = os.path.abspath(manifest_path)
     expect = manifest["expect"]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's INFO lines are noise here
+    step = slurm_step() if args.launcher in ("srun", "auto") else None
+    if step:
+        return main_in_step(args, manifest, manifest_path, step, t_start)
     checks = []
     if not args.skip_static:
         log(args, "static checks (imports %s)" % (framework_module(expect) or "no framework"))
@@ -616,24 +852,5 @@ def main(argv=None):
     finally:
         if own_workdir and not args.keep:
             shutil.rmtree(base, ignore_errors=True)
-    summary = {s: sum(1 for c in checks if c["status"] == s) for s in (PASS, FAIL, SKIP)}
-    report = {
-        "schema": REPORT_SCHEMA,
-        "suite_version": __version__,
-        "manifest": {"path": manifest_path, "name": manifest.get("name")},
-        "host": socket.gethostname(),
-        "python": sys.executable,
-        "platform": platform.platform(),
-        "ranks": args.ranks,
-        "launcher": args.launcher,
-        "fault": os.environ.get(FAULT_ENV) or None,
-        "workdir": base if (args.keep or not own_workdir) else None,
-        "runs": run_records,
-        "started": t_start,
-        "wall_s": round(time.time() - t_start, 2),
-        "ok": summary[FAIL] == 0,
-        "summary": summary,
-        "checks": checks,
-    }
-    emit(report, args)
-    return 0 if report["ok"] else 1
+    return finish(args, manifest, manifest_path, checks, run_records, t_start, launcher=args.launcher,
+                  ranks=args.ranks, workdir=base if (args.keep or not own_workdir) else None)

@@ -25,6 +25,9 @@ class TorchAdapter(object):
         except RuntimeError:
             pass
         self._name = 0
+        # the first optimizer pulls in torch's lazy modules (~2 s): pay that at start-up,
+        # not inside the timed training
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
     def name(self, prefix):
         self._name += 1
@@ -166,25 +169,33 @@ class TorchAdapter(object):
         return self.torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
 
     def _rank_diff(self, model, label):
+        """Largest |w - w_rank0| over all ranks and weights (every rank gets the same answer)."""
+        torch = self.torch
         vec = self._flat(model)
         ref = self.hvd.broadcast(vec.clone(), 0, name=self.name(label))
-        return float((vec - ref).abs().max().item()), float(vec.abs().max().item())
+        mine = torch.tensor([float((vec - ref).abs().max().item())], dtype=torch.float64)
+        every = self.hvd.allgather(mine, name=self.name(label + ".max"))
+        return float(every.max().item()), float(vec.abs().max().item())
 
     def train(self, ctx, steps=12, warmup=4, batch=16, base_lr=0.01):
         torch, hvd = self.torch, self.hvd
         size, rank = hvd.size(), hvd.rank()
         dev = self.device("gpu" if ctx.gpu else "cpu")
+        ctx.phase("build model")
         torch.manual_seed(1000 + rank)  # different initial weights: broadcast must fix them
         model = self._model().to(dev)
+        ctx.phase("compare initial weights")
         initial_diff, _ = self._rank_diff(model, "train.init")
         opt = torch.optim.SGD(model.parameters(), lr=base_lr, momentum=0.9)
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), op=hvd.Average)
         ctx.phase("broadcast parameters")
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
+        ctx.phase("compare weights after broadcast")
         after_bcast, _ = self._rank_diff(model, "train.bcast")
+        ctx.phase("generate data, loss before")
         x, y = self._data(steps * batch, 100 + rank, dev)    # each rank its own shard
-        ex, ey = self._data(256, 999, dev)                   # the same eval batch everywhere
+        ex, ey = self._data(128, 999, dev)                   # the same eval batch everywhere
         lossf = torch.nn.functional.cross_entropy
         with torch.no_grad():
             loss_before = float(lossf(model(ex), ey).item())
@@ -205,6 +216,7 @@ class TorchAdapter(object):
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
             losses.append(float(loss.item()))
+        ctx.phase("loss after")
         with torch.no_grad():
             loss_after = float(lossf(model(ex), ey).item())
         ctx.phase("compare weights")
@@ -216,6 +228,7 @@ class TorchAdapter(object):
                 "ranks_maxdiff_initial": initial_diff, "ranks_maxdiff_after_bcast": after_bcast,
                 "ranks_maxdiff_end": end_diff, "weight_absmax": absmax,
                 "step_s": statistics.median(timed), "steps_timed": len(timed),
+                "first_step_s": times[0] if times else None,
                 "threads": self.threads}
 
     # ---------------------------------------------------------------- GPU

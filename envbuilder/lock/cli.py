@@ -1,0 +1,195 @@
+"""`envbuilder lock` and `envbuilder diff`, and the lock's part in `envbuilder build`.
+
+Where the lock lives: ``<output folder>/envbuilder.lock`` (default ``images/<name>/``), beside
+the recipes it pins, so the folder is a complete, reproducible build context. ``--lock FILE``
+reads and writes it elsewhere (e.g. beside the spec in your own repository); `build` then copies
+it into the output folder too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from ..errors import CheckFailed, EnvbuilderError
+from .model import LOCK_NAME, LockError, dump, load
+
+
+def lock_path(args, spec) -> Path:
+    if getattr(args, "lock", None):
+        return Path(args.lock)
+    folder = Path(args.out) if getattr(args, "out", None) else Path("images") / spec.name
+    return folder / LOCK_NAME
+
+
+def add_lock_option(p) -> None:
+    p.add_argument("--lock", metavar="FILE", help=f"the lock file (default: <output folder>/{LOCK_NAME})")
+
+
+def _options(args) -> dict:
+    return {"wheelhouse": getattr(args, "wheelhouse", None) or os.environ.get("ENVBUILDER_WHEELHOUSE"),
+            "ca_bundle": getattr(args, "ca_bundle", None) or os.environ.get("ENVBUILDER_CA_BUNDLE"),
+            "conda_lockfile": getattr(args, "conda_lockfile", None)}
+
+
+def _say(quiet: bool):
+    return (lambda m: None) if quiet else (lambda m: print(f"  resolving {m}", file=sys.stderr, flush=True))
+
+
+# --- build ----------------------------------------------------------------------------------
+
+def existing_lock(args, spec):
+    """The lock `build` must use, checked against the spec by generate(); None when there is none."""
+    path = lock_path(args, spec)
+    return load(path) if path.is_file() else None
+
+
+def ensure_locked(args, spec, folder: Path, out):
+    """Before a real build: resolve and write a lock when there is none (Docker engine and network
+    needed), and check a local base image is still the one the lock names. Returns the output."""
+    from ..generate import generate
+    from ..output import write_folder
+    from .base import check_engine_base
+    from .resolve import _client, resolve_lock
+
+    lock = out.stack.lock
+    if args.engine == "apptainer":
+        if lock is None:
+            print("warning: no envbuilder.lock: building with the spec's pins only (`envbuilder lock` "
+                  "resolves one; it needs a Docker engine)", file=sys.stderr)
+        return out
+    quiet = getattr(args, "json", False)
+    if lock is None:
+        started = time.monotonic()
+        opts = _options(args)
+        from ..engines.context import check_inputs
+
+        check_inputs(opts["ca_bundle"], opts["wheelhouse"])
+        lock = resolve_lock(out.stack, progress=_say(quiet), **opts)
+        out = generate(spec, lock)
+        write_folder(folder, out.files)
+        path = lock_path(args, spec)
+        if path.parent.resolve() != folder.resolve():
+            write_folder(path.parent, {path.name: dump(lock).encode()})
+        if not quiet:
+            print(f"locked {spec.name} in {time.monotonic() - started:.0f} s: {summary(lock)} -> {path}")
+    client = _client("the build")
+    for entry in lock.base.values():
+        check_engine_base(entry, client)
+    return out
+
+
+def summary(lock) -> str:
+    return (f"base {len(lock.base)}, apt {sum(len(v) for v in lock.apt.values())}, sources {len(lock.sources)}, "
+            f"pip {len(lock.pip_entries())}, conda {len(lock.conda_packages())}")
+
+
+# --- lock -----------------------------------------------------------------------------------
+
+def lock_args(p) -> None:
+    p.add_argument("spec", help="the YAML spec")
+    p.add_argument("--out", help="output folder whose envbuilder.lock to write (default: images/<name>)")
+    add_lock_option(p)
+    p.add_argument("--update", action="append", default=[], metavar="NAME",
+                   help="re-resolve one entry (a package name, or base); repeatable")
+    p.add_argument("--wheelhouse", help="folder of local wheels (as for build; e.g. torch +cpu)")
+    p.add_argument("--ca-bundle", help="CA bundle for reaching the index (TLS-intercepting proxies)")
+    p.add_argument("--conda-lockfile", metavar="FILE",
+                   help="use this conda-lock lockfile for the spec's conda packages (made where channels are reachable)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def cmd_lock(args) -> int:
+    from ..output import write_folder
+    from ..resolve import resolve
+    from ..spec import load_spec
+    from .diff import compare
+    from .resolve import resolve_lock
+
+    spec = load_spec(args.spec)
+    stack = resolve(spec)
+    path = lock_path(args, spec)
+    previous = None
+    if path.is_file():
+        try:
+            previous = load(path)
+        except LockError as exc:
+            if args.update:
+                raise
+            if not args.json:
+                print(f"warning: {exc.message()}\n  resolving everything anew", file=sys.stderr)
+    opts = _options(args)
+    from ..engines.context import check_inputs
+
+    check_inputs(opts["ca_bundle"], opts["wheelhouse"])
+    started = time.monotonic()
+    lock = resolve_lock(stack, previous=previous, update=args.update, progress=_say(args.json), **opts)
+    seconds = time.monotonic() - started
+    if previous is not None and previous.inputs == lock.inputs and previous.flat() == lock.flat() \
+            and previous.conda == lock.conda:
+        lock.resolved_at, lock.resolvers = previous.resolved_at, previous.resolvers   # nothing changed
+    write_folder(path.parent, {path.name: dump(lock).encode()})
+    changes = compare(previous.flat() if previous else {}, lock.flat())
+    if args.json:
+        print(json.dumps({"ok": True, "lock": str(path), "seconds": round(seconds, 1),
+                          "counts": {"base": len(lock.base), "apt": sum(len(v) for v in lock.apt.values()),
+                                     "sources": len(lock.sources), "pip": len(lock.pip_entries()),
+                                     "conda": len(lock.conda_packages())},
+                          "changes": changes}, indent=2))
+        return 0
+    print(f"locked {spec.name} in {seconds:.0f} s: {summary(lock)} -> {path}")
+    if previous is not None:
+        n = len(changes["changed"]) + len(changes["added"]) + len(changes["removed"])
+        print(f"  {n} entries changed" if n else "  no entry changed")
+        for k, v in list(changes["changed"].items())[:20]:
+            print(f"  ~ {k}: {v['from']} -> {v['to']}")
+    return 0
+
+
+# --- diff -----------------------------------------------------------------------------------
+
+def diff_args(p) -> None:
+    p.add_argument("a", help="a lock, a manifest, an output folder, or an image reference")
+    p.add_argument("b", help="the same kinds, compared with A")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def cmd_diff(args) -> int:
+    from .diff import compare, load_any, table
+
+    kind_a, a = load_any(args.a)
+    kind_b, b = load_any(args.b)
+    result = compare(a, b)
+    if args.json:
+        print(json.dumps({"a": {"what": args.a, "kind": kind_a}, "b": {"what": args.b, "kind": kind_b},
+                          **result}, indent=2))
+    else:
+        print(f"A: {args.a} ({kind_a})\nB: {args.b} ({kind_b})")
+        sys.stdout.write(table(result))
+    return 0
+
+
+def explain_build_failure(log_lines: list[str], lock) -> str | None:
+    """A build that failed on a hash names the lock entry (pip / sha256sum / apt messages)."""
+    if lock is None:
+        return None
+    text = "\n".join(log_lines)
+    import re
+
+    m = re.search(r"THESE PACKAGES DO NOT MATCH THE HASHES.*?\n\s*(\S+) from (\S+)", text, re.S)
+    if m:
+        fname = m.group(2).rsplit("/", 1)[-1]
+        got = re.search(r"Got\s+([0-9a-f]{64})", text)
+        return (f"the download of {fname} does not match the sha256 in envbuilder.lock ({m.group(1)})"
+                + (f"; it is {got.group(1)[:16]}..." if got else ""))
+    m = re.search(r"^#\d+ [\d.]+ (\S+): FAILED$", text, re.M) or re.search(r"(\S+): FAILED\n", text)
+    if m:
+        return f"{m.group(1)} does not match its sha256 in envbuilder.lock (sources)"
+    m = re.search(r"E: Version '([^']+)' for '([^']+)' was not found", text)
+    if m:
+        return (f"apt: {m.group(2)} {m.group(1)} (envbuilder.lock) is no longer in the archive; "
+                f"re-lock it: envbuilder lock SPEC --update {m.group(2)}")
+    return None

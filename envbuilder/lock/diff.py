@@ -1,0 +1,102 @@
+"""Compare two locks or two manifests (files, output folders, or images' manifests):
+what was added, removed, or changed version."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import CheckFailed, EnvbuilderError
+from .model import LOCK_NAME, SCHEMA, canonical_name, loads
+
+
+def _manifest_flat(data: dict) -> dict[str, str]:
+    exp = data.get("expect") or {}
+    out = {}
+    fw = exp.get("framework") or {}
+    if fw:
+        out[f"framework:{fw.get('name')}"] = str(fw.get("version"))
+    for key in ("python", "cuda", "cudnn", "nccl"):
+        if exp.get(key):
+            out[key] = str(exp[key])
+    if exp.get("horovod"):
+        hv = exp["horovod"]
+        out["horovod"] = f"{hv.get('version')} ({','.join(hv.get('operations') or [])})"
+    if exp.get("mpi"):
+        out[f"mpi:{exp['mpi'].get('flavor')}"] = str(exp["mpi"].get("version"))
+    for name, version in (exp.get("packages") or {}).items():
+        out[f"pip:{canonical_name(name)}"] = str(version)
+    for name, version in (exp.get("apt") or {}).items():
+        out[f"apt:{name}"] = str(version)
+    for name, version in (exp.get("conda") or {}).items():
+        out[f"conda:{name}"] = str(version)
+    image = data.get("image") or {}
+    if image.get("base"):
+        out["base"] = image["base"]
+    for stage, digest in ((data.get("lock") or {}).get("base") or {}).items():
+        out[f"base:{stage}"] = digest
+    return out
+
+
+def _image_manifest(ref: str) -> dict:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=60)
+        raw = client.containers.run(ref, ["cat", "/opt/envbuilder/manifest.json"], entrypoint=[],
+                                    remove=True, stdout=True, stderr=False)
+    except Exception as exc:  # no engine, no such image, no manifest in it
+        raise CheckFailed(ref, f"cannot read /opt/envbuilder/manifest.json from image {ref} ({type(exc).__name__})",
+                          "give an image built by envbuilder, with the Docker engine running") from None
+    return json.loads(raw.decode())
+
+
+def load_any(what: str) -> tuple[str, dict[str, str]]:
+    """(kind, flat entries) of a lock file, a manifest file, a folder holding either, or an image."""
+    path = Path(what)
+    if path.is_dir():
+        if (path / LOCK_NAME).is_file():
+            path = path / LOCK_NAME
+        elif (path / "manifest.json").is_file():
+            path = path / "manifest.json"
+        else:
+            raise EnvbuilderError(what, f"has neither {LOCK_NAME} nor manifest.json",
+                                  "give a lock, a manifest, an output folder or an image reference")
+    if path.is_file():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise EnvbuilderError(what, "is neither a lock nor a manifest (not JSON)",
+                                  "give envbuilder.lock or manifest.json") from None
+        if isinstance(data, dict) and data.get("schema") == SCHEMA:
+            return "lock", loads(text, str(path)).flat()
+        if isinstance(data, dict) and "expect" in data:
+            return "manifest", _manifest_flat(data)
+        raise EnvbuilderError(what, "is neither a lock nor a manifest", "give envbuilder.lock or manifest.json")
+    if ":" in what or "/" in what:
+        return "image", _manifest_flat(_image_manifest(what))
+    raise EnvbuilderError(what, "no such file, folder or image", "give a lock, a manifest, a folder or an image")
+
+
+def compare(a: dict[str, str], b: dict[str, str]) -> dict:
+    added = {k: b[k] for k in sorted(set(b) - set(a))}
+    removed = {k: a[k] for k in sorted(set(a) - set(b))}
+    changed = {k: {"from": a[k], "to": b[k]} for k in sorted(set(a) & set(b)) if a[k] != b[k]}
+    return {"added": added, "removed": removed, "changed": changed,
+            "same": len([k for k in set(a) & set(b) if a[k] == b[k]])}
+
+
+def table(result: dict) -> str:
+    rows = [("", "entry", "A", "B")]
+    rows += [("~", k, v["from"], v["to"]) for k, v in result["changed"].items()]
+    rows += [("+", k, "", v) for k, v in result["added"].items()]
+    rows += [("-", k, v, "") for k, v in result["removed"].items()]
+    if len(rows) == 1:
+        return f"no differences ({result['same']} entries the same)\n"
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["  ".join([r[0].ljust(widths[0]), r[1].ljust(widths[1]), r[2].ljust(widths[2]), r[3]]).rstrip()
+             for r in rows]
+    lines.append(f"{len(result['changed'])} changed, {len(result['added'])} added, "
+                 f"{len(result['removed'])} removed, {result['same']} the same")
+    return "\n".join(lines) + "\n"

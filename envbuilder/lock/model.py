@@ -1,0 +1,282 @@
+"""The lock: every pin and every hash of one stack, as data, and its file format.
+
+``envbuilder.lock`` is JSON written by ``dump`` (one entry per line, keys in a fixed order) so it
+diffs well in review and the same lock always serialises to the same bytes. Sections:
+
+- ``inputs``    what the spec asked, per kind (the key that says whether a lock matches a spec)
+- ``base``      per stage: the image reference and its digest (registry digest or local image ID)
+- ``apt``       per stage: every OS package installed, name, version, architecture, .deb sha256
+- ``sources``   downloaded tarballs (Horovod sdist, MPI): url and sha256
+- ``pip``       per install group (python, framework, horovod, packages): name, version, file, sha256
+- ``conda``     the conda-lock lockfile (its own format) when the spec asks conda packages
+- ``seals``     sha256 of every section: a hand edit that breaks consistency is named by section
+
+``load`` refuses a corrupt or inconsistent file with one message naming the entry (exit 2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import EnvbuilderError
+
+SCHEMA = "envbuilder.lock/1"
+LOCK_NAME = "envbuilder.lock"
+PIP_GROUPS = ("python", "framework", "horovod", "packages")   # install order in the image
+STAGES = ("devel", "runtime")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+VERSION_RE = re.compile(r"^[A-Za-z0-9.+!_:~-]+$")
+
+
+def canonical_name(name: str) -> str:
+    """PEP 503 normalised project name: 'PyYAML' -> 'pyyaml', 'typing_extensions' -> 'typing-extensions'."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _sha(data) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@dataclass
+class Lock:
+    name: str
+    inputs: dict
+    base: dict = field(default_factory=dict)          # stage -> {ref, digest, kind, pinned}
+    apt: dict = field(default_factory=dict)           # stage -> [entries]
+    sources: list = field(default_factory=list)       # [entries]
+    pip: dict = field(default_factory=dict)           # group -> [entries]
+    conda: dict | None = None                         # {"lockfile": {...}} or None
+    resolved_at: str = ""
+    resolvers: dict = field(default_factory=dict)
+    generated_by: str = ""
+    path: str | None = None                           # where it was read from (messages)
+
+    # --- queries ---------------------------------------------------------------------------
+    def pip_entries(self) -> list[dict]:
+        return [e for g in PIP_GROUPS for e in self.pip.get(g, [])]
+
+    def pip_versions(self) -> dict[str, str]:
+        return {canonical_name(e["name"]): e["version"] for e in self.pip_entries()}
+
+    def conda_packages(self) -> list[dict]:
+        if not self.conda:
+            return []
+        return [p for p in self.conda["lockfile"].get("package", []) if p.get("manager", "conda") == "conda"]
+
+    def sections(self) -> dict:
+        """Every section with its entries, in file order (what the seals cover)."""
+        out = {"inputs": self.inputs}
+        for stage in sorted(self.base):
+            out[f"base.{stage}"] = self.base[stage]
+        for stage in sorted(self.apt):
+            out[f"apt.{stage}"] = self.apt[stage]
+        out["sources"] = self.sources
+        for group in PIP_GROUPS:
+            if group in self.pip:
+                out[f"pip.{group}"] = self.pip[group]
+        if self.conda is not None:
+            out["conda"] = self.conda
+        return out
+
+    def seals(self) -> dict[str, str]:
+        return {k: _sha(v) for k, v in self.sections().items()}
+
+    def sha256(self) -> str:
+        return hashlib.sha256(dump(self).encode()).hexdigest()
+
+    def flat(self) -> dict[str, str]:
+        """Every pinned thing as 'kind:name' -> 'version (hash)': what `envbuilder diff` compares."""
+        out = {}
+        for stage, b in sorted(self.base.items()):
+            out[f"base:{stage}"] = f"{b['ref']}@{b['digest']}"
+        for stage, entries in sorted(self.apt.items()):
+            for e in entries:
+                out[f"apt.{stage}:{e['name']}"] = e["version"]
+        for e in self.sources:
+            out[f"source:{e['name']}"] = f"{e['version']} sha256:{e['sha256'][:12]}"
+        for e in self.pip_entries():
+            out[f"pip:{canonical_name(e['name'])}"] = e["version"]
+        for p in self.conda_packages():
+            out[f"conda:{p['name']}"] = p["version"]
+        return out
+
+
+# --- file format ----------------------------------------------------------------------------
+
+def _line(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(", ", ": "))
+
+
+def _list_block(entries: list, indent: str) -> str:
+    if not entries:
+        return "[]"
+    return "[\n" + ",\n".join(indent + "  " + _line(e) for e in entries) + "\n" + indent + "]"
+
+
+def dump(lock: Lock) -> str:
+    """The lock as text: stable key order, one entry per line, newline at the end."""
+    parts = [
+        ("schema", _line(SCHEMA)),
+        ("name", _line(lock.name)),
+        ("generated_by", _line(lock.generated_by)),
+        ("resolved_at", _line(lock.resolved_at)),
+        ("resolvers", _line(dict(sorted(lock.resolvers.items())))),
+        ("inputs", json.dumps(lock.inputs, indent=2, sort_keys=True).replace("\n", "\n  ")),
+        ("base", "{\n" + ",\n".join(f"    {_line(s)}: {_line(lock.base[s])}" for s in sorted(lock.base))
+         + "\n  }" if lock.base else "{}"),
+        ("apt", "{\n" + ",\n".join(f"    {_line(s)}: {_list_block(lock.apt[s], '    ')}" for s in sorted(lock.apt))
+         + "\n  }" if lock.apt else "{}"),
+        ("sources", _list_block(lock.sources, "  ")),
+        ("pip", "{\n" + ",\n".join(f"    {_line(g)}: {_list_block(lock.pip[g], '    ')}"
+                                   for g in PIP_GROUPS if g in lock.pip) + "\n  }" if lock.pip else "{}"),
+        ("conda", json.dumps(lock.conda, indent=2, sort_keys=True).replace("\n", "\n  ")),
+        ("seals", json.dumps(lock.seals(), indent=2, sort_keys=True).replace("\n", "\n  ")),
+    ]
+    return "{\n" + ",\n".join(f"  {_line(k)}: {v}" for k, v in parts) + "\n}\n"
+
+
+class LockError(EnvbuilderError):
+    """A lock file that cannot be used: corrupt, inconsistent, or for another spec (exit 2)."""
+
+
+def _err(path: str | None, entry: str, reason: str, fix: str = "") -> LockError:
+    return LockError(entry, reason, fix or "re-create it with `envbuilder lock SPEC` (or restore it "
+                     "from version control); never edit envbuilder.lock by hand", source=path)
+
+
+def loads(text: str, path: str | None = None) -> Lock:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise _err(path, "envbuilder.lock", f"is not valid JSON (line {getattr(exc, 'lineno', '?')}: "
+                   f"{getattr(exc, 'msg', exc)}); the file is corrupt or truncated") from None
+    if not isinstance(data, dict):
+        raise _err(path, "envbuilder.lock", "is not a JSON object")
+    if data.get("schema") != SCHEMA:
+        raise _err(path, "schema", f"is {data.get('schema')!r}, this envbuilder reads {SCHEMA!r}",
+                   "re-create it with `envbuilder lock SPEC`")
+    for key, typ in (("name", str), ("inputs", dict), ("base", dict), ("apt", dict), ("sources", list),
+                     ("pip", dict), ("seals", dict), ("resolvers", dict), ("resolved_at", str)):
+        if not isinstance(data.get(key), typ):
+            raise _err(path, key, f"is missing or not a {typ.__name__}")
+    if data.get("conda") is not None and not isinstance(data["conda"], dict):
+        raise _err(path, "conda", "is not an object")
+    lock = Lock(name=data["name"], inputs=data["inputs"], base=data["base"], apt=data["apt"],
+                sources=data["sources"], pip=data["pip"], conda=data.get("conda"),
+                resolved_at=data["resolved_at"], resolvers=data["resolvers"],
+                generated_by=data.get("generated_by", ""), path=path)
+    check_entries(lock)
+    # seals last: a consistency problem above names the entry; this names the section
+    want = data["seals"]
+    have = lock.seals()
+    for section in sorted(set(want) | set(have)):
+        if want.get(section) != have.get(section):
+            what = "is missing" if section not in have else "was changed by hand or corrupted"
+            if section not in want:
+                what = "has no seal (added by hand?)"
+            raise _err(path, section, f"{what}: its content does not match the lock's seal",
+                       "restore envbuilder.lock from version control, or re-resolve with "
+                       f"`envbuilder lock SPEC --update NAME`")
+    return lock
+
+
+def load(path: str | Path) -> Lock:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise _err(str(path), "envbuilder.lock", f"cannot be read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _err(str(path), "envbuilder.lock", "is not UTF-8 text (a binary or corrupt file)") from None
+    return loads(text, str(path))
+
+
+# --- consistency of single entries ----------------------------------------------------------
+
+_WHEEL_RE = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl$")
+_SDIST_RE = re.compile(r"^(?P<name>.+)-(?P<version>[^-]+)\.(tar\.gz|zip|tar\.bz2)$")
+
+
+def file_version(filename: str) -> tuple[str, str] | None:
+    """(name, version) from a wheel or sdist file name (URL-quoted '+' allowed)."""
+    filename = filename.replace("%2B", "+").replace("%2b", "+")
+    m = _WHEEL_RE.match(filename) or _SDIST_RE.match(filename)
+    return (m.group("name"), m.group("version")) if m else None
+
+
+def check_entries(lock: Lock) -> None:
+    """Every entry complete and self-consistent; raises LockError naming the first bad entry."""
+    p = lock.path
+    for stage, b in lock.base.items():
+        where = f"base.{stage}"
+        if not isinstance(b, dict) or not isinstance(b.get("ref"), str) or not isinstance(b.get("digest"), str):
+            raise _err(p, where, "needs ref and digest")
+        if not DIGEST_RE.match(b["digest"]):
+            raise _err(p, where, f"digest {b['digest']!r} is not sha256:<64 hex digits>")
+        if b.get("kind") == "repo-digest" and b.get("pinned") != f"{b['ref'].split('@')[0]}@{b['digest']}":
+            raise _err(p, where, f"pinned reference {b.get('pinned')!r} does not carry its digest {b['digest']}")
+    for stage, entries in lock.apt.items():
+        if not isinstance(entries, list):
+            raise _err(p, f"apt.{stage}", "is not a list")
+        seen = set()
+        for e in entries:
+            if not isinstance(e, dict) or not NAME_RE.match(str(e.get("name", ""))) \
+                    or not VERSION_RE.match(str(e.get("version", ""))):
+                raise _err(p, f"apt.{stage}", f"entry {e!r} needs a package name and a version")
+            where = f"apt.{stage}: {e['name']}"
+            if e["name"] in seen:
+                raise _err(p, where, "is listed twice")
+            seen.add(e["name"])
+            if e.get("sha256") is not None and not SHA256_RE.match(str(e["sha256"])):
+                raise _err(p, where, f"sha256 {e['sha256']!r} is not 64 hex digits")
+    for e in lock.sources:
+        if not isinstance(e, dict) or not e.get("name"):
+            raise _err(p, "sources", f"entry {e!r} has no name")
+        where = f"sources: {e['name']}"
+        if not SHA256_RE.match(str(e.get("sha256", ""))):
+            raise _err(p, where, f"sha256 {e.get('sha256')!r} is not 64 hex digits")
+        if not str(e.get("url", "")).endswith(str(e.get("file", "\0"))):
+            raise _err(p, where, f"url {e.get('url')!r} does not end in its file {e.get('file')!r}")
+        if str(e.get("version", "\0")) not in str(e.get("file", "")):
+            raise _err(p, where, f"version {e.get('version')!r} does not match its file {e.get('file')!r}")
+    seen = {}
+    for group in lock.pip:
+        if group not in PIP_GROUPS:
+            raise _err(p, f"pip.{group}", f"is not an install group ({', '.join(PIP_GROUPS)})")
+        if not isinstance(lock.pip[group], list):
+            raise _err(p, f"pip.{group}", "is not a list")
+        for e in lock.pip[group]:
+            if not isinstance(e, dict) or not NAME_RE.match(str(e.get("name", ""))):
+                raise _err(p, f"pip.{group}", f"entry {e!r} has no valid name")
+            where = f"pip.{group}: {e['name']}"
+            key = canonical_name(e["name"])
+            if key in seen:
+                raise _err(p, where, f"is listed twice (also in pip.{seen[key]})")
+            seen[key] = group
+            if not VERSION_RE.match(str(e.get("version", ""))):
+                raise _err(p, where, f"version {e.get('version')!r} is not a version")
+            if not SHA256_RE.match(str(e.get("sha256", ""))):
+                raise _err(p, where, f"sha256 {e.get('sha256')!r} is not 64 hex digits")
+            parsed = file_version(str(e.get("file", "")))
+            if not parsed:
+                raise _err(p, where, f"file {e.get('file')!r} is not a wheel or sdist name")
+            fname, fversion = parsed
+            if canonical_name(fname) != key or fversion != e["version"]:
+                raise _err(p, where, f"version {e['version']} does not match its file {e['file']} "
+                           "(edited by hand?)")
+    for pkg in lock.conda_packages():
+        where = f"conda: {pkg.get('name')}"
+        h = pkg.get("hash") or {}
+        if not SHA256_RE.match(str(h.get("sha256", ""))):
+            raise _err(p, where, "has no sha256 (conda-lock records md5 and sha256 for every package)")
+        url = str(pkg.get("url", ""))
+        if f"-{pkg.get('version')}-" not in url.rsplit("/", 1)[-1]:
+            raise _err(p, where, f"version {pkg.get('version')} does not match its url {url}")

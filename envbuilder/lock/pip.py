@@ -1,0 +1,254 @@
+"""Python packages: exact versions and sha256 for the image's Python and platform, not the host's.
+
+One pip resolution of every requirement the image installs (bootstrap tools, framework, Horovod's
+dependencies, the spec's packages) so the versions agree with each other, run as
+``pip install --dry-run --ignore-installed --report`` with ``--python-version``, ``--abi`` and the
+manylinux platforms of the base OS's glibc. pip evaluates environment markers against the
+interpreter that runs it, so the resolver runs pip with the *target's* marker environment
+(python_version etc.); the report's ``environment`` proves it. The result is split into the
+install groups of the Dockerfile (each group is the dependency closure of its requirements that
+an earlier group does not already hold), installed with ``--require-hashes --no-deps``.
+
+Local wheels (``--wheelhouse``, e.g. torch 2.13.0+cpu) take part like an index; their sha256 is
+computed from the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import urllib.parse
+from pathlib import Path
+
+from ..errors import CheckFailed, EnvbuilderError
+from .model import PIP_GROUPS, canonical_name
+
+DEFAULT_INDEX = "https://pypi.org/simple"
+
+# Run pip with the target's marker environment (pip has no option for it).
+_WRAPPER = """\
+import json, os, sys
+import pip._vendor.packaging.markers as markers
+_target = json.loads(os.environ["ENVBUILDER_MARKER_ENV"])
+_orig = markers.default_environment
+markers.default_environment = lambda: {**_orig(), **_target}
+from pip._internal.cli.main import main
+sys.exit(main())
+"""
+
+
+def target(python: str, glibc: str) -> dict:
+    """The image's interpreter and platform, as pip options and markers."""
+    major, minor_ = python.split(".")[:2]
+    g_major, g_minor = (int(x) for x in glibc.split(".")[:2])
+    platforms = [f"manylinux_{g_major}_{m}_x86_64" for m in range(g_minor, 16, -1)]
+    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+    return {
+        "python": f"{major}.{minor_}",
+        "implementation": "cp",
+        "abi": f"cp{major}{minor_}",
+        "glibc": f"{g_major}.{g_minor}",
+        "platforms": platforms,
+        "markers": {
+            "implementation_name": "cpython", "platform_python_implementation": "CPython",
+            "python_version": f"{major}.{minor_}", "python_full_version": f"{major}.{minor_}.0",
+            "implementation_version": f"{major}.{minor_}.0", "os_name": "posix", "sys_platform": "linux",
+            "platform_system": "Linux", "platform_machine": "x86_64",
+        },
+    }
+
+
+def pip_version() -> str:
+    proc = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, text=True)
+    return proc.stdout.split()[1] if proc.returncode == 0 and proc.stdout else "unknown"
+
+
+def _cert(ca_bundle: str | None) -> str | None:
+    for c in (ca_bundle, os.environ.get("ENVBUILDER_CA_BUNDLE"), os.environ.get("PIP_CERT"),
+              os.environ.get("REQUESTS_CA_BUNDLE"), os.environ.get("SSL_CERT_FILE")):
+        if c and Path(c).is_file():
+            return c
+    return None
+
+
+def pip_command(reqs: list[str], tgt: dict, report: Path, *, index_url: str, extra_index_urls: list[str],
+                find_links: str | None, cert: str | None, constraints: Path | None) -> list[str]:
+    cmd = [sys.executable, "-c", _WRAPPER, "install", "--dry-run", "--ignore-installed",
+           "--quiet", "--disable-pip-version-check", "--no-input",
+           "--target", str(report.parent / "target"), "--report", str(report),
+           "--only-binary", ":all:", "--python-version", tgt["python"], "--implementation", tgt["implementation"],
+           "--abi", tgt["abi"], "--abi", "abi3", "--abi", "none", "--index-url", index_url]
+    for p in tgt["platforms"]:
+        cmd += ["--platform", p]
+    for url in extra_index_urls:
+        cmd += ["--extra-index-url", url]
+    if find_links:
+        cmd += ["--find-links", find_links]
+    if cert:
+        cmd += ["--cert", cert]
+    if constraints:
+        cmd += ["--constraint", str(constraints)]
+    return cmd + list(reqs)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _entry(item: dict) -> dict:
+    info = item.get("download_info") or {}
+    url = info.get("url", "")
+    archive = info.get("archive_info") or {}
+    sha = (archive.get("hashes") or {}).get("sha256")
+    if not sha and str(archive.get("hash", "")).startswith("sha256="):
+        sha = archive["hash"].split("=", 1)[1]
+    parsed = urllib.parse.urlparse(url)
+    local = parsed.scheme == "file"
+    if not sha and local:
+        sha = _sha256_file(Path(urllib.parse.unquote(parsed.path)))
+    if not sha:
+        raise CheckFailed(f"lock: pip: {item['metadata']['name']}",
+                          f"the index gave no sha256 for {url}", "use an index that publishes hashes (PyPI does)")
+    meta = item["metadata"]
+    entry = {"name": meta["name"], "version": meta["version"],
+             "file": urllib.parse.unquote(url.rsplit("/", 1)[-1]), "sha256": sha}
+    entry["from"] = "wheelhouse" if local else "index"
+    if not local:
+        entry["url"] = url
+    return entry
+
+
+def _closure(roots: list[str], items: dict, markers: dict) -> list[str]:
+    """Canonical names reachable from the requirement strings ``roots`` through Requires-Dist."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    seen: dict[str, set] = {}
+    todo = []
+    for r in roots:
+        req = Requirement(r)
+        todo.append((canonical_name(req.name), set(req.extras)))
+    while todo:
+        name, extras = todo.pop()
+        if name not in items:
+            continue
+        known = seen.get(name)
+        if known is not None and extras <= known:
+            continue
+        seen[name] = (known or set()) | extras
+        for dep in items[name]["metadata"].get("requires_dist") or []:
+            try:
+                req = Requirement(dep)
+            except InvalidRequirement:
+                continue
+            if req.marker is not None:
+                envs = [{**markers, "extra": e} for e in (seen[name] or {""})]
+                if not any(req.marker.evaluate(env) for env in envs):
+                    continue
+            todo.append((canonical_name(req.name), set(req.extras)))
+    return sorted(seen)
+
+
+def split_groups(groups: dict[str, list[str]], install: list[dict], markers: dict) -> dict[str, list[dict]]:
+    """Each install group gets the closure of its requirements minus what earlier groups hold."""
+    items = {canonical_name(i["metadata"]["name"]): i for i in install}
+    out: dict[str, list[dict]] = {}
+    taken: set[str] = set()
+    for group in PIP_GROUPS:
+        if group not in groups:
+            continue
+        names = [n for n in _closure(groups[group], items, markers) if n not in taken]
+        taken |= set(names)
+        out[group] = [_entry(items[n]) for n in names]
+    rest = sorted(set(items) - taken)
+    if rest:       # reached by no closure (a marker pip saw differently): installed with the last group
+        last = [g for g in PIP_GROUPS if g in out][-1]
+        out[last] = sorted(out[last] + [_entry(items[n]) for n in rest], key=lambda e: canonical_name(e["name"]))
+    for group in out:
+        for e in out[group]:
+            e["requested"] = any(canonical_name(r.split("==")[0].split("[")[0]) == canonical_name(e["name"])
+                                 for r in groups[group])
+    return out
+
+
+def _pip_error(stderr: str) -> str:
+    lines = [l.strip() for l in stderr.splitlines() if l.strip().startswith("ERROR:")]
+    return " ".join(lines)[:600] or stderr.strip()[-600:]
+
+
+def resolve(groups: dict[str, list[str]], tgt: dict, *, prefer: dict[str, str] | None = None,
+            **options) -> dict[str, list[dict]]:
+    """Resolve every group's requirements together for the target; {group: [entries]}.
+
+    ``prefer`` (name -> version) are versions to keep when they fit (the bootstrap tools' usual
+    pins; every other entry of a lock during ``--update NAME``); when they do not fit, pip
+    resolves without them."""
+    if prefer:
+        try:
+            return _resolve(groups, tgt, constraints=prefer, **options)
+        except CheckFailed:
+            pass
+    return _resolve(groups, tgt, **options)
+
+
+def _resolve(groups: dict[str, list[str]], tgt: dict, *, index_url: str | None = None,
+             extra_index_urls: list[str] | None = None, find_links: str | None = None,
+             ca_bundle: str | None = None, constraints: dict[str, str] | None = None) -> dict[str, list[dict]]:
+    reqs = [r for g in PIP_GROUPS for r in groups.get(g, [])]
+    if not reqs:
+        return {}
+    with tempfile.TemporaryDirectory(prefix="envbuilder-pip-") as tmp:
+        report = Path(tmp) / "report.json"
+        cfile = None
+        if constraints:
+            cfile = Path(tmp) / "constraints.txt"
+            cfile.write_text("".join(f"{n}=={v}\n" for n, v in sorted(constraints.items())))
+        cmd = pip_command(reqs, tgt, report, index_url=index_url or os.environ.get("ENVBUILDER_PIP_INDEX_URL")
+                          or DEFAULT_INDEX, extra_index_urls=extra_index_urls or [], find_links=find_links,
+                          cert=_cert(ca_bundle), constraints=cfile)
+        # no pip configuration of this machine (mirrors, constraints, find-links) takes part: the
+        # image's pip sees none of it either
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+        env["PIP_CONFIG_FILE"] = os.devnull
+        env["ENVBUILDER_MARKER_ENV"] = json.dumps(tgt["markers"])
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise CheckFailed("lock: pip", f"pip could not resolve the Python packages for Python "
+                              f"{tgt['python']} / glibc {tgt['glibc']}: {_pip_error(proc.stderr)}",
+                              "check the versions in the spec exist as wheels for that Python "
+                              "(local wheels: --wheelhouse DIR); the index must be reachable")
+        data = json.loads(report.read_text())
+    seen_env = data.get("environment", {})
+    if seen_env.get("python_version") != tgt["python"]:
+        raise EnvbuilderError("lock: pip", f"pip evaluated markers for Python {seen_env.get('python_version')}, "
+                              f"not the image's {tgt['python']}", "use pip >= 22.2")
+    return split_groups(groups, data.get("install", []), tgt["markers"])
+
+
+def resolve_in_image(client, image: str, reqs: list[str]) -> list[dict]:
+    """Resolve in the image itself (NGC bases: only what the image lacks gets installed)."""
+    try:
+        out = client.containers.run(image, ["python", "-m", "pip", "install", "--dry-run", "--quiet",
+                                            "--disable-pip-version-check", "--report", "-", *reqs],
+                                    remove=True, stdout=True, stderr=False)
+    except Exception as exc:  # docker.errors.ContainerError / ImageNotFound / APIError
+        raise CheckFailed("lock: pip", f"resolving in {image} failed: {exc}",
+                          f"docker pull {image}, and check the spec's pip packages exist") from None
+    data = json.loads(out.decode())
+    items = data.get("install", [])
+    return [dict(_entry(i), requested=bool(i.get("requested"))) for i in items]
+
+
+def requirements_text(entries: list[dict]) -> str:
+    """A requirements file for ``pip install --require-hashes --no-deps -r``."""
+    lines = ["# Generated from envbuilder.lock: exact versions and sha256 (pip --require-hashes --no-deps)."]
+    for e in sorted(entries, key=lambda e: canonical_name(e["name"])):
+        lines.append(f"{e['name']}=={e['version']} --hash=sha256:{e['sha256']}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,261 @@
+"""Resolve a stack into a Lock (kind by kind), and tell whether a lock still matches a spec.
+
+``inputs(stack)`` is what the spec asks, per kind; a lock records the inputs it was resolved
+from. A kind whose inputs did not change keeps its entries when the lock is refreshed;
+``--update NAME`` re-resolves one entry and keeps every other one where it still fits.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+from .. import __version__
+from ..errors import CheckFailed, EnvbuilderError
+from . import apt as apt_
+from . import base as base_
+from . import conda as conda_
+from . import pip as pip_
+from . import sources as sources_
+from .model import PIP_GROUPS, Lock, LockError, canonical_name
+
+BOOTSTRAP_PREFER = {"setuptools": "69.5.1", "wheel": "0.43.0"}
+
+
+def glibc(stack) -> str:
+    return str((stack.catalog.os(stack.os_name) or {}).get("glibc", "2.28"))
+
+
+def pip_groups(stack) -> dict[str, list[str]]:
+    from ..components import horovod, python
+
+    groups = {}
+    if not stack.ngc:
+        # the bootstrap tools at their usual pins when the rest allows (torch >= 2.13 needs a newer
+        # setuptools): the lock holds what was chosen
+        groups["python"] = [b if b.startswith("pip==") else b.replace("==", ">=") for b in python.BOOTSTRAP]
+    if not stack.framework_from_base:
+        groups["framework"] = [stack.framework_requirement]
+    if stack.horovod_sdist:
+        groups["horovod"] = list(horovod.REQUIRES)
+    if stack.spec.packages.pip:
+        groups["packages"] = sorted(stack.spec.packages.pip, key=str.lower)
+    return groups
+
+
+def inputs(stack) -> dict:
+    from ..components import system
+
+    base = {"devel": stack.base}
+    apt = {"devel": system.devel_packages(stack)}
+    if not stack.ngc:
+        base["runtime"] = stack.runtime_base
+        apt["runtime"] = system.runtime_packages(stack)
+    return {
+        "base": base,
+        "apt": {s: p for s, p in apt.items() if p},
+        "sources": {s["name"]: s["version"] for s in sources_.wanted(stack)},
+        "pip": {"groups": pip_groups(stack), "python": stack.python, "glibc": glibc(stack),
+                "extra_index_urls": [stack.framework_index_url] if stack.framework_index_url else [],
+                "in_image": bool(stack.ngc)},
+        "conda": {"packages": sorted(stack.spec.packages.conda), "channels": conda_.channels(),
+                  "platform": conda_.PLATFORM} if stack.spec.packages.conda else None,
+    }
+
+
+def differences(lock: Lock, stack) -> list[str]:
+    """What the spec asks that the lock was not resolved for (empty: the lock matches)."""
+    want = inputs(stack)
+    have = lock.inputs
+    out = []
+    if lock.name != stack.spec.name:
+        out.append(f"name: the lock is for {lock.name!r}, the spec is {stack.spec.name!r}")
+    for stage in sorted(set(want["base"]) | set(have.get("base", {}))):
+        a, b = want["base"].get(stage), have.get("base", {}).get(stage)
+        if a != b:
+            out.append(f"base.{stage}: the spec asks {a or 'none'}, the lock has {b or 'none'}")
+    for stage in sorted(set(want["apt"]) | set(have.get("apt", {}))):
+        a, b = set(want["apt"].get(stage, [])), set(have.get("apt", {}).get(stage, []))
+        out += [f"apt.{stage}: {p} is in the spec, not in the lock" for p in sorted(a - b)]
+        out += [f"apt.{stage}: {p} is in the lock, no longer in the spec" for p in sorted(b - a)]
+    ws, hs = want["sources"], have.get("sources", {})
+    for name in sorted(set(ws) | set(hs)):
+        if ws.get(name) != hs.get(name):
+            out.append(f"sources: {name} {ws.get(name) or 'none'} in the spec, {hs.get(name) or 'none'} in the lock")
+    wp, hp = want["pip"], have.get("pip", {})
+    for key in ("python", "glibc", "extra_index_urls", "in_image"):
+        if wp[key] != hp.get(key):
+            out.append(f"pip.{key}: {wp[key]!r} for the spec, {hp.get(key)!r} in the lock")
+    for group in PIP_GROUPS:
+        a, b = set(wp["groups"].get(group, [])), set(hp.get("groups", {}).get(group, []))
+        out += [f"pip.{group}: {r} is in the spec, not in the lock" for r in sorted(a - b)]
+        out += [f"pip.{group}: {r} is in the lock, no longer in the spec" for r in sorted(b - a)]
+    wc, hc = want["conda"] or {}, have.get("conda") or {}
+    a, b = set(wc.get("packages", [])), set(hc.get("packages", []))
+    out += [f"conda: {r} is in the spec, not in the lock" for r in sorted(a - b)]
+    out += [f"conda: {r} is in the lock, no longer in the spec" for r in sorted(b - a)]
+    return out
+
+
+def check_matches(lock: Lock, stack) -> None:
+    diffs = differences(lock, stack)
+    if diffs:
+        shown = "; ".join(diffs[:8]) + (f"; and {len(diffs) - 8} more" if len(diffs) > 8 else "")
+        raise LockError("envbuilder.lock", f"does not match the spec: {shown}",
+                        "re-resolve what changed: envbuilder lock SPEC (then build again)", source=lock.path)
+
+
+# --- resolution -----------------------------------------------------------------------------
+
+def _targets(update: list[str], lock: Lock | None) -> dict[str, set]:
+    """--update NAMEs sorted by kind; an unknown name is bad input."""
+    out = {"base": set(), "apt": set(), "pip": set(), "sources": set(), "conda": set()}
+    for name in update:
+        if name == "base" or name.startswith("base."):
+            out["base"].add(name.partition(".")[2] or "*")
+            continue
+        if lock is None:
+            raise EnvbuilderError("--update", f"there is no lock to update {name} in",
+                                  "run envbuilder lock SPEC first")
+        found = False
+        if any(e["name"] == name for entries in lock.apt.values() for e in entries):
+            out["apt"].add(name)
+            found = True
+        if canonical_name(name) in lock.pip_versions():
+            out["pip"].add(canonical_name(name))
+            found = True
+        if any(e["name"] == name for e in lock.sources):
+            out["sources"].add(name)
+            found = True
+        if any(p["name"] == name for p in lock.conda_packages()):
+            out["conda"].add(name)
+            found = True
+        if not found:
+            raise EnvbuilderError("--update", f"{name} is not an entry of the lock",
+                                  "name a package in it (envbuilder diff shows them), or base")
+    return out
+
+
+def _client(required_for: str):
+    from ..engines.docker import _engine
+
+    try:
+        return _engine()
+    except CheckFailed as exc:
+        raise CheckFailed(exc.field, f"{exc.reason} (needed to lock {required_for})", exc.fix) from None
+
+
+def resolve_lock(stack, *, previous: Lock | None = None, update: list[str] | None = None,
+                 wheelhouse: str | None = None, ca_bundle: str | None = None,
+                 conda_lockfile: str | None = None, progress=None) -> Lock:
+    """A complete lock for ``stack``; kinds unchanged since ``previous`` keep their entries."""
+    say = progress or (lambda msg: None)
+    want = inputs(stack)
+    targets = _targets(update or [], previous)
+    old = previous.inputs if previous else {}
+
+    def keep(kind: str) -> bool:
+        return previous is not None and old.get(kind) == want[kind] and not targets[kind]
+
+    lock = Lock(name=stack.spec.name, inputs=want, generated_by=f"envbuilder {__version__}")
+    lock.resolvers = dict(previous.resolvers) if previous else {}
+    lock.resolvers["envbuilder"] = __version__
+    client = None
+
+    # base images
+    if keep("base") and not targets["base"]:
+        lock.base = previous.base
+    else:
+        client = client or _client("base images and OS packages")
+        for stage, ref in want["base"].items():
+            if previous and stage in previous.base and previous.base[stage]["ref"] == ref \
+                    and not ({"*", stage} & targets["base"]):
+                lock.base[stage] = previous.base[stage]
+            else:
+                say(f"base.{stage}: {ref}")
+                lock.base[stage] = base_.resolve_base(ref, client)
+        lock.resolvers["docker"] = client.version().get("Version", "unknown")
+
+    # OS packages, in each stage's locked base image
+    base_changed = previous is None or lock.base != previous.base
+    if keep("apt") and not base_changed:
+        lock.apt = previous.apt
+    elif want["apt"]:
+        client = client or _client("OS packages")
+        by_image: dict[str, dict[str, list[str]]] = {}
+        for stage, pkgs in want["apt"].items():
+            b = lock.base[stage]
+            image = b["digest"] if b["kind"] == "image-id" else b["pinned"]
+            requested = list(pkgs)
+            if targets["apt"] and previous and stage in previous.apt:
+                pinned = {e["name"]: e["version"] for e in previous.apt[stage] if e["name"] not in targets["apt"]}
+                requested = sorted({p.split("=")[0] for p in pkgs} | set(pinned) | (targets["apt"] & {
+                    e["name"] for e in previous.apt[stage]}))
+                requested = [f"{n}={pinned[n]}" if n in pinned else n for n in requested]
+            by_image.setdefault(image, {})[stage] = requested
+        for image, stages in by_image.items():
+            say(f"apt: {', '.join(stages)} in {image[:19]}")
+            if ":" in image and not image.startswith("sha256:"):
+                _ensure_image(client, image)
+            found, meta = apt_.resolve(client, image, stages)
+            lock.apt.update(found)
+            lock.resolvers["apt"] = meta["apt"] or lock.resolvers.get("apt")
+            lock.resolvers["apt-index"] = dict(sorted(meta["index"].items()))
+
+    # source tarballs
+    if keep("sources"):
+        lock.sources = previous.sources
+    else:
+        say("sources")
+        lock.sources = sources_.resolve(stack, ca_bundle)
+
+    # Python packages
+    if keep("pip"):
+        lock.pip = previous.pip
+    else:
+        wp = want["pip"]
+        if wp["in_image"]:
+            client = client or _client("Python packages on an NGC base")
+            reqs = wp["groups"].get("packages", [])
+            say(f"pip: resolving {len(reqs)} requirements inside {stack.base}")
+            lock.pip = {"packages": pip_.resolve_in_image(client, lock.base["devel"]["pinned"], reqs)} if reqs else {}
+        else:
+            prefer = dict(BOOTSTRAP_PREFER)
+            if targets["pip"] and previous:
+                prefer = {canonical_name(e["name"]): e["version"] for e in previous.pip_entries()
+                          if canonical_name(e["name"]) not in targets["pip"]}
+            tgt = pip_.target(wp["python"], wp["glibc"])
+            say(f"pip: {sum(len(g) for g in wp['groups'].values())} requirements for Python {tgt['python']}, "
+                f"glibc {tgt['glibc']}")
+            lock.pip = pip_.resolve(wp["groups"], tgt, prefer=prefer, extra_index_urls=wp["extra_index_urls"],
+                                    find_links=wheelhouse, ca_bundle=ca_bundle)
+        lock.resolvers["pip"] = pip_.pip_version()
+
+    # conda packages (conda-lock)
+    if want["conda"] is None:
+        lock.conda = None
+    elif conda_lockfile:
+        lock.conda = {"lockfile": conda_.load_lockfile(conda_lockfile, list(want["conda"]["packages"])),
+                      "from": os.path.basename(conda_lockfile)}
+        lock.resolvers["conda-lock"] = "lockfile " + os.path.basename(conda_lockfile)
+    elif keep("conda"):
+        lock.conda = previous.conda
+    else:
+        say("conda: conda-lock")
+        lockfile, version = conda_.resolve(list(want["conda"]["packages"]))
+        lock.conda = {"lockfile": lockfile, "from": "conda-lock"}
+        lock.resolvers["conda-lock"] = version
+
+    lock.resolved_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return lock
+
+
+def _ensure_image(client, ref: str) -> None:
+    try:
+        client.images.get(ref)
+    except Exception:  # docker.errors.ImageNotFound: pull it by digest
+        try:
+            client.images.pull(ref)
+        except Exception as exc:  # docker.errors.APIError: unreachable registry, no such image
+            raise CheckFailed("lock: apt", f"cannot pull {ref} to resolve its OS packages ({type(exc).__name__})",
+                              f"docker pull {ref} where the registry is reachable, then lock again") from None

@@ -1,0 +1,373 @@
+"""envbuilder.lock: one lock pins every part of a stack (base digest, OS packages, source tarballs,
+Python packages with sha256 for the image's Python, conda packages), renders byte-identical
+recipes, and refuses a lock that is corrupt, edited by hand, or for another spec.
+
+The real resolvers run here: pip against PyPI (and the local torch wheelhouse), apt in a
+container of the local Debian base, the base image's ID from the Docker engine."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, ROOT, run_envbuilder
+from infra import base_image, require_docker
+
+TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+CONDA_DATA = ROOT / "tests" / "data" / "conda"
+
+
+def wheelhouse() -> str:
+    for folder in ("/opt/wheels",):
+        if (Path(folder) / TORCH_WHEEL).is_file():
+            return folder
+    proc = subprocess.run(["python3", "-m", "pip", "config", "list"], capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if "find-links" in line:
+            folder = line.split("=", 1)[1].strip().strip("'\"")
+            if (Path(folder) / TORCH_WHEEL).is_file():
+                return folder
+    pytest.fail(f"{TORCH_WHEEL} not found in pip's find-links folder (ENVIRONMENT.md)")
+
+
+@pytest.fixture(scope="module")
+def torch_lock(tmp_path_factory):
+    """`envbuilder lock` of the cpu-torch preset, resolved for real once for this module."""
+    require_docker()
+    base_image()
+    out = tmp_path_factory.mktemp("lock") / "cpu-torch"
+    r = run_envbuilder("lock", str(RECIPES / "cpu-torch.yaml"), "--out", str(out),
+                       "--wheelhouse", wheelhouse(), "--json", timeout=900)
+    assert r.code == 0, r.err[-3000:]
+    return out / "envbuilder.lock", json.loads(r.out)
+
+
+def read(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def relock(path: Path, edit) -> None:
+    """Change a lock through the model and write it with fresh seals (a consistent lock)."""
+    from envbuilder.lock import dump, load
+
+    lock = load(path)
+    edit(lock)
+    path.write_text(dump(lock))
+
+
+# --- what the lock holds ------------------------------------------------------------------------
+
+def test_lock_pins_every_kind_with_hashes(torch_lock):
+    path, report = torch_lock
+    lock = read(path)
+    client = require_docker()
+    base_id = client.images.get(base_image()).id
+    assert lock["base"]["devel"] == {"ref": "local/debian:bookworm", "digest": base_id, "kind": "image-id",
+                                     "pinned": "local/debian:bookworm"}
+    # OS packages: the whole closure of each stage, every one with its version and .deb sha256
+    runtime = {e["name"]: e for e in lock["apt"]["runtime"]}
+    for name in ("python3", "openmpi-bin", "libopenmpi3", "ca-certificates"):
+        assert name in runtime, name
+    assert len(lock["apt"]["devel"]) > 50 and all(e["version"] for e in lock["apt"]["devel"])
+    assert all(e["sha256"] for e in lock["apt"]["runtime"] if not e.get("in_base"))
+    # source tarballs
+    hv = next(s for s in lock["sources"] if s["name"] == "horovod")
+    assert hv["sha256"] == "92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0"
+    assert "PyPI" in hv["checked"]
+    # Python packages: exact versions and sha256 for cp311 / manylinux, torch from the wheelhouse
+    pip = {e["name"].lower(): e for g in lock["pip"].values() for e in g}
+    torch = pip["torch"]
+    assert torch["version"] == "2.13.0+cpu" and torch["from"] == "wheelhouse"
+    assert torch["sha256"] == hashlib.sha256((Path(wheelhouse()) / TORCH_WHEEL).read_bytes()).hexdigest()
+    assert {"filelock", "sympy", "networkx", "jinja2"} <= {e["name"].lower() for e in lock["pip"]["framework"]}
+    assert {"cloudpickle", "psutil", "pyyaml"} <= set(pip)
+    assert pip["pip"]["version"] == "24.0"
+    for e in pip.values():
+        assert len(e["sha256"]) == 64
+        assert e["file"].endswith(".whl") and ("cp311" in e["file"] or "py3" in e["file"] or "abi3" in e["file"])
+    # the record: resolver versions and the time
+    assert lock["resolved_at"].endswith("Z")
+    assert {"pip", "docker", "apt", "envbuilder"} <= set(lock["resolvers"])
+    assert report["counts"]["pip"] == len(pip)
+
+
+def test_build_no_build_renders_from_the_lock_byte_identically(torch_lock, tmp_path):
+    path, _ = torch_lock
+    copy_dir = tmp_path / "elsewhere" / "deep"
+    copy_dir.mkdir(parents=True)
+    shutil.copy(RECIPES / "cpu-torch.yaml", copy_dir / "spec.yaml")
+    shutil.copy(path, copy_dir / "my.lock")
+    a = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(tmp_path / "a"),
+                       "--lock", str(path))
+    b = run_envbuilder("build", "spec.yaml", "--no-build", "--out", str(tmp_path / "b"), "--lock", "my.lock",
+                       cwd=copy_dir, env={"TZ": "Pacific/Chatham", "LC_ALL": "C", "LANG": "C",
+                                          "SOURCE_DATE_EPOCH": "1"})
+    assert a.code == 0 and b.code == 0, a.err + b.err
+    files_a = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    files_b = sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*") if p.is_file())
+    assert files_a == files_b
+    for rel in files_a:
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
+    out = tmp_path / "a"
+    assert (out / "envbuilder.lock").read_bytes() == path.read_bytes()
+    docker = (out / "Dockerfile").read_text()
+    assert docker.count("--require-hashes --no-deps -r /pins/pip-") == 3          # python, framework, horovod
+    assert "xargs -a /pins/apt-devel.txt" in docker and "xargs -a /pins/apt-runtime.txt" in docker
+    assert "--no-build-isolation --no-deps /tmp/horovod/horovod-0.28.1" in docker
+    assert "SOURCE_DATE_EPOCH=" in docker
+    assert "COPY pins /pins" not in docker                                     # bind mounts, not layers
+    apptainer = (out / "Apptainer.def").read_text()
+    assert "pins /pins" in apptainer and "rm -rf /pins" in apptainer
+    lock = read(path)
+    req = (out / "pins" / "pip-framework.txt").read_text()
+    for e in lock["pip"]["framework"]:
+        assert f"{e['name']}=={e['version']} --hash=sha256:{e['sha256']}" in req
+    assert (out / "pins" / "apt-runtime.txt").read_text().count("\n") == len(lock["apt"]["runtime"])
+    manifest = read(out / "manifest.json")
+    # the smoke suite's drift check gets every locked Python package, and the OS packages
+    locked = {e["name"].lower().replace("_", "-"): e["version"] for g in lock["pip"].values() for e in g}
+    assert manifest["expect"]["packages"] == dict(sorted(locked.items()))
+    assert manifest["expect"]["apt"]["python3"] == next(e["version"] for e in lock["apt"]["runtime"]
+                                                        if e["name"] == "python3")
+    assert manifest["lock"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert manifest["files"]["envbuilder.lock"] == manifest["lock"]["sha256"]
+
+
+# --- bad locks: one message naming the entry, exit 2, no traceback ------------------------------
+
+def _no_build(path: Path, tmp_path: Path, spec: Path = RECIPES / "cpu-torch.yaml"):
+    return run_envbuilder("build", str(spec), "--no-build", "--out", str(tmp_path / "o"), "--lock", str(path))
+
+
+def test_a_lock_that_no_longer_matches_the_spec_is_refused_naming_the_entries(torch_lock, tmp_path):
+    path, _ = torch_lock
+    spec = tmp_path / "spec.yaml"
+    spec.write_text((RECIPES / "cpu-torch.yaml").read_text().replace(
+        "horovod: {version", "packages: {pip: [six==1.16.0], apt: [git]}\nhorovod: {version"))
+    r = _no_build(path, tmp_path, spec)
+    assert r.code == 2, r.err
+    assert "envbuilder.lock: does not match the spec" in r.err
+    assert "pip.packages: six==1.16.0 is in the spec, not in the lock" in r.err
+    assert "apt.runtime: git is in the spec, not in the lock" in r.err
+    assert "envbuilder lock SPEC" in r.err and "Traceback" not in r.err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_lock_for_another_spec_is_refused(torch_lock, tmp_path):
+    path, _ = torch_lock
+    r = _no_build(path, tmp_path, RECIPES / "cpu-tf.yaml")
+    assert r.code == 2
+    assert "name: the lock is for 'cpu-torch-horovod', the spec is 'cpu-tf-horovod'" in r.err
+    assert "pip.framework: tensorflow-cpu==2.15.1 is in the spec, not in the lock" in r.err
+
+
+def test_a_corrupt_lock_is_refused(torch_lock, tmp_path):
+    path, _ = torch_lock
+    bad = tmp_path / "envbuilder.lock"
+    bad.write_bytes(path.read_bytes()[:5000])
+    r = _no_build(bad, tmp_path)
+    assert r.code == 2 and "is not valid JSON" in r.err and "corrupt or truncated" in r.err
+    assert "Traceback" not in r.err
+    bad.write_bytes(b"\x00\x01\x02\xff")
+    r = _no_build(bad, tmp_path)
+    assert r.code == 2 and "not UTF-8" in r.err
+
+
+def test_a_hand_edited_version_is_named(torch_lock, tmp_path):
+    path, _ = torch_lock
+    data = read(path)
+    entry = next(e for e in data["pip"]["framework"] if e["name"] == "sympy")
+    edited = path.read_text().replace(f'"name": "sympy", "version": "{entry["version"]}"',
+                                      '"name": "sympy", "version": "1.12"')
+    bad = tmp_path / "envbuilder.lock"
+    bad.write_text(edited)
+    r = _no_build(bad, tmp_path)
+    assert r.code == 2, r.err
+    assert f"pip.framework: sympy: version 1.12 does not match its file {entry['file']}" in r.err
+    assert "Traceback" not in r.err
+
+
+def test_a_hand_edited_hash_is_named_by_its_section(torch_lock, tmp_path):
+    path, _ = torch_lock
+    data = read(path)
+    entry = next(e for e in data["pip"]["horovod"] if e["name"] == "psutil")
+    bad = tmp_path / "envbuilder.lock"
+    bad.write_text(path.read_text().replace(entry["sha256"], "0" * 64))
+    r = _no_build(bad, tmp_path)
+    assert r.code == 2
+    assert "pip.horovod: was changed by hand or corrupted" in r.err and "restore envbuilder.lock" in r.err
+    # an apt version edit, too
+    apt = data["apt"]["runtime"][0]
+    head, tail = path.read_text().rsplit(f'"name": "{apt["name"]}", "version": "{apt["version"]}"', 1)
+    bad.write_text(head + f'"name": "{apt["name"]}", "version": "9.9"' + tail)       # the runtime entry
+    r = _no_build(bad, tmp_path)
+    assert r.code == 2 and "apt.runtime: was changed by hand" in r.err
+
+
+# --- lock --update, diff --------------------------------------------------------------------------
+
+def test_update_re_resolves_one_entry_and_keeps_the_rest(torch_lock, tmp_path):
+    """A lock holding an older filelock: `--update filelock` moves filelock only."""
+    from envbuilder.lock import pip as pip_
+
+    path, _ = torch_lock
+    old = tmp_path / "old" / "envbuilder.lock"
+    old.parent.mkdir()
+    shutil.copy(path, old)
+
+    def older_filelock(lock):
+        tgt = pip_.target(lock.inputs["pip"]["python"], lock.inputs["pip"]["glibc"])
+        prefer = {e["name"].lower(): e["version"] for e in lock.pip_entries()}
+        prefer["filelock"] = "3.13.1"
+        lock.pip = pip_.resolve(lock.inputs["pip"]["groups"], tgt, prefer=prefer, find_links=wheelhouse())
+    relock(old, older_filelock)
+    before = {e["name"]: e["version"] for g in read(old)["pip"].values() for e in g}
+    assert before["filelock"] == "3.13.1"
+    r = run_envbuilder("lock", str(RECIPES / "cpu-torch.yaml"), "--lock", str(old), "--update", "filelock",
+                       "--wheelhouse", wheelhouse(), "--json", timeout=600)
+    assert r.code == 0, r.err[-2000:]
+    changes = json.loads(r.out)["changes"]
+    assert list(changes["changed"]) == ["pip:filelock"] and not changes["added"] and not changes["removed"]
+    after = {e["name"]: e["version"] for g in read(old)["pip"].values() for e in g}
+    assert after["filelock"] != "3.13.1"
+    assert {k: v for k, v in after.items() if k != "filelock"} == {k: v for k, v in before.items() if k != "filelock"}
+    r = run_envbuilder("lock", str(RECIPES / "cpu-torch.yaml"), "--lock", str(old), "--update", "no-such-thing")
+    assert r.code == 2 and "--update: no-such-thing is not an entry of the lock" in r.err
+
+
+def test_diff_two_locks_as_a_table_and_json(torch_lock, tmp_path):
+    path, _ = torch_lock
+    other = tmp_path / "other.lock"
+    shutil.copy(path, other)
+
+    def change(lock):
+        lock.pip["framework"] = [e for e in lock.pip["framework"] if e["name"] != "mpmath"]
+        e = next(e for e in lock.pip["horovod"] if e["name"] == "psutil")
+        e["version"], e["file"] = "6.0.0", e["file"].replace("5.9.8", "6.0.0")
+        lock.apt["runtime"].append({"name": "git", "version": "1:2.39.5-0+deb12u2", "arch": "amd64", "sha256": None})
+    relock(other, change)
+    r = run_envbuilder("diff", str(path), str(other))
+    assert r.code == 0, r.err
+    assert "pip:psutil" in r.out and "5.9.8" in r.out and "6.0.0" in r.out
+    assert "+  apt.runtime:git" in r.out.replace("  ", "  ") or "apt.runtime:git" in r.out
+    assert "1 changed, 1 added, 1 removed" in r.out
+    data = json.loads(run_envbuilder("diff", str(path), str(other), "--json").out)
+    assert data["changed"] == {"pip:psutil": {"from": "5.9.8", "to": "6.0.0"}}
+    assert list(data["added"]) == ["apt.runtime:git"] and list(data["removed"]) == ["pip:mpmath"]
+    assert data["a"]["kind"] == data["b"]["kind"] == "lock"
+
+
+def test_diff_two_manifests_without_an_engine(cli):
+    r = cli("diff", str(ROOT / "images" / "cpu-torch-horovod"), str(ROOT / "images" / "cpu-tf-horovod"), "--json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["a"]["kind"] == "manifest"
+    assert "framework:pytorch" in data["removed"] and "framework:tensorflow-cpu" in data["added"]
+    r = cli("diff", "nowhere.lock", str(ROOT / "images" / "cpu-tf-horovod"))
+    assert r.code == 2 and "no such file, folder or image" in r.err
+
+
+# --- pip resolves for the image, not the host ----------------------------------------------------
+
+def test_pip_resolution_follows_the_target_python_markers_and_wheels():
+    """pytest 8.0.0 needs tomli and exceptiongroup only below Python 3.11: resolved for the image's
+    Python 3.10 they are in, for 3.11 they are not, whatever Python runs envbuilder."""
+    from envbuilder.lock import pip as pip_
+
+    groups = {"packages": ["pytest==8.0.0", "PyYAML==6.0.1"]}
+    py310 = pip_.resolve(groups, pip_.target("3.10", "2.35"))["packages"]
+    py311 = pip_.resolve(groups, pip_.target("3.11", "2.36"))["packages"]
+    names310 = {e["name"].lower() for e in py310}
+    names311 = {e["name"].lower() for e in py311}
+    assert {"tomli", "exceptiongroup"} <= names310
+    assert not {"tomli", "exceptiongroup"} & names311
+    yaml310 = next(e for e in py310 if e["name"] == "PyYAML")
+    assert "cp310-cp310-manylinux" in yaml310["file"] and len(yaml310["sha256"]) == 64
+
+
+# --- conda: conda-lock's format, a local file channel ---------------------------------------------
+
+def conda_spec(tmp_path: Path) -> Path:
+    spec = tmp_path / "conda.yaml"
+    spec.write_text((RECIPES / "cpu-torch.yaml").read_text().replace(
+        "horovod: {version", "packages: {conda: [envbuilder-demo-data=1.0, envbuilder-demo-tool==2.1]}\n"
+        "horovod: {version"))
+    return spec
+
+
+def conda_lockfile(tmp_path: Path) -> Path:
+    out = tmp_path / "conda-lock.yml"
+    out.write_text((CONDA_DATA / "conda-lock.yml").read_text().replace("@CHANNEL@", str(CONDA_DATA / "channel")))
+    return out
+
+
+def test_conda_packages_come_from_a_conda_lock_lockfile(torch_lock, tmp_path):
+    path, _ = torch_lock
+    spec = conda_spec(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(path, out / "envbuilder.lock")       # the other kinds are kept: only conda is new
+    r = run_envbuilder("lock", str(spec), "--out", str(out), "--conda-lockfile", str(conda_lockfile(tmp_path)),
+                       "--wheelhouse", wheelhouse(), "--json", timeout=600)
+    assert r.code == 0, r.err[-2000:]
+    lock = read(out / "envbuilder.lock")
+    names = {p["name"]: p for p in lock["conda"]["lockfile"]["package"]}
+    assert set(names) == {"envbuilder-demo-data", "envbuilder-demo-tool", "micromamba"}
+    assert all(len(p["hash"]["sha256"]) == 64 for p in names.values())
+    r = run_envbuilder("build", str(spec), "--no-build", "--out", str(out))
+    assert r.code == 0, r.err
+    docker = (out / "Dockerfile").read_text()
+    assert "# conda: conda packages (envbuilder-demo-data=1.0, envbuilder-demo-tool==2.1) into /opt/conda" in docker
+    assert "sha256sum -c --quiet /pins/conda-sha256.txt" in docker
+    assert "micromamba create --yes --offline" in docker and "COPY --from=devel /opt/conda /opt/conda" in docker
+    assert (out / "pins" / "conda-lock.yml").is_file()
+    manifest = read(out / "manifest.json")
+    assert manifest["expect"]["conda"] == {"envbuilder-demo-data": "1.0", "envbuilder-demo-tool": "2.1",
+                                           "micromamba": "1.5.8"}
+    # The download-and-check half of the image's conda step runs here for the local channel (the
+    # conda-forge micromamba cannot be fetched from this network): curl + sha256sum -c pass.
+    work = tmp_path / "pkgs"
+    work.mkdir()
+    urls = [u for u in (out / "pins" / "conda-urls.txt").read_text().split() if u.startswith("file://")]
+    sums = [l for l in (out / "pins" / "conda-sha256.txt").read_text().splitlines() if "envbuilder-demo" in l]
+    (work / "sums").write_text("\n".join(sums) + "\n")
+    for url in urls:
+        subprocess.run(["curl", "-fsSLO", url], cwd=work, check=True)
+    check = subprocess.run(["sha256sum", "-c", "sums"], cwd=work, capture_output=True, text=True)
+    assert check.returncode == 0 and check.stdout.count(": OK") == 2, check.stdout + check.stderr
+
+
+def test_conda_lockfiles_that_do_not_fit_are_refused(tmp_path):
+    from envbuilder.errors import EnvbuilderError
+    from envbuilder.lock.conda import load_lockfile
+
+    good = conda_lockfile(tmp_path)
+    text = good.read_text()
+    bad = tmp_path / "bad.yml"
+    bad.write_text(text.replace("9c01530de07e791b2f88f0e465638524d4c01a8b8c67e89e93fcdfc51cd2f2c9", "not-a-hash"))
+    with pytest.raises(EnvbuilderError) as exc:
+        load_lockfile(str(bad), ["envbuilder-demo-tool==2.1"])
+    assert exc.value.field == "conda: envbuilder-demo-tool" and "no sha256" in exc.value.reason
+    with pytest.raises(EnvbuilderError) as exc:
+        load_lockfile(str(good), ["envbuilder-demo-tool==2.0"])
+    assert "has 2.1, the spec asks envbuilder-demo-tool==2.0" in exc.value.reason
+    bad.write_text(text.replace("- name: micromamba", "- name: not-micromamba"))
+    with pytest.raises(EnvbuilderError) as exc:
+        load_lockfile(str(bad), [])
+    assert exc.value.field == "conda: micromamba" and "installer" in exc.value.reason
+    bad.write_text("version: [")
+    with pytest.raises(EnvbuilderError) as exc:
+        load_lockfile(str(bad), [])
+    assert "is not YAML" in exc.value.reason
+
+
+def test_conda_without_a_lock_renders_a_step_that_says_so(cli, tmp_path):
+    r = cli("build", str(conda_spec(tmp_path)), "--no-build", "--out", str(tmp_path / "o"))
+    assert r.code == 0, r.err
+    text = (tmp_path / "o" / "Dockerfile").read_text()
+    assert "conda packages are installed from envbuilder.lock" in text and "exit 1" in text

@@ -279,7 +279,7 @@ def worker_args_for(run, args, manifest_path, workdir):
     return wa
 
 
-def watch(run, workdir, timeout, launcher_alive, t0, events):
+def watch(run, workdir, timeout, launcher_alive, t0, events, crash_grace=GRACE_S):
     """Poll the rank files until every rank ended, a rank crashed, or a check ran past TIMEOUT.
     Returns the reason to stop the run ('' when it ended by itself)."""
     crash_seen_at = None
@@ -294,7 +294,7 @@ def watch(run, workdir, timeout, launcher_alive, t0, events):
         crashed = [r for r, ex in exits.items() if ex.get("returncode") and not ex.get("terminated")]
         if crashed and crash_seen_at is None:
             crash_seen_at = now
-        if crash_seen_at is not None and now - crash_seen_at > GRACE_S:
+        if crash_seen_at is not None and now - crash_seen_at >= crash_grace:
             return "rank %s crashed" % ",".join(str(r) for r in crashed)
         stuck = []
         for r in range(run.ranks):
@@ -315,9 +315,9 @@ def watch(run, workdir, timeout, launcher_alive, t0, events):
             return "timeout"
 
 
-def collect(run, workdir, events):
+def collect(run, workdir, events, wait=2.0):
     """The wrappers write their exit records as they go down: wait a little for them."""
-    deadline = time.time() + 2.0
+    deadline = time.time() + wait
     while time.time() < deadline:
         states, exits = read_ranks(workdir, run.ranks)
         if all(r in exits or (states.get(r) or {}).get("done") for r in range(run.ranks)):
@@ -422,7 +422,18 @@ def execute_in_step(run, args, expect, manifest_path, workdir, rank):
             return {}, {}, events
         ACTIVE.append((proc, workdir, run.ranks))
         if rank == 0:
-            reason = watch(run, workdir, args.timeout, lambda: True, t0, events)
+            # Slurm's PMIx plugin cancels the whole step about a second after a rank dies:
+            # report a crash at once, before that SIGKILL arrives
+            reason = watch(run, workdir, args.timeout, lambda: True, t0, events, crash_grace=0.0)
+            if reason.endswith("crashed"):
+                run.killed = reason
+                run.wall_s = time.time() - t0
+                # this rank is stopped after the report is out (it stays in ACTIVE)
+                out = collect(run, workdir, events, wait=0.0)
+                for name in (abort_file(workdir), done_file(workdir)):
+                    with open(name, "w") as fh:
+                        fh.write(reason + "\n")
+                return out
             if reason and reason != "all ranks ended":
                 run.killed = reason
                 with open(abort_file(workdir), "w") as fh:
@@ -512,6 +523,9 @@ def _mark_crashes(run, states, exits, events):
                 r, ", ".join(signal_name(s) for s in ex.get("signals_received") or []), where)}
         elif st is None:
             events[r] = {"kind": "never", "text": "rank %d never started" % r}
+        elif run.killed and running:
+            events[r] = {"kind": "waiting", "text": "rank %d was still %s when the run was stopped "
+                         "(%s)" % (r, where, run.killed)}
         else:
             events[r] = {"kind": "lost", "text": "rank %d ended without a report (%s) %s" % (
                 r, "run " + (run.killed or describe_exit(run.returncode)), where)}
@@ -618,7 +632,7 @@ def _fold(name, got):
     return res
 
 
-def launch_check(run, events):
+def launch_check(run, events, log_tail=True):
     name = "launch.%s%s" % (framework_key(run.framework), run.tag)
     cmd = " ".join(shlex.quote(c) for c in run.command)
     if run.start_error:
@@ -628,7 +642,7 @@ def launch_check(run, events):
             "killed": run.killed, "log": run.log_path}
     bad = [e["text"] for e in events.values() if e["kind"] in ("crash", "hang", "never", "lost")]
     if bad or run.killed or run.returncode not in (0, None):
-        tail = _log_tail(run.log_path)
+        tail = _log_tail(run.log_path) if log_tail else "(see %s)" % run.log_path
         why = "; ".join(bad) or run.killed or ("launcher %s" % describe_exit(run.returncode))
         data["log_tail"] = tail
         return result(name, FAIL, "%s\ncommand: %s\nlog tail:\n%s" % (why, cmd, tail), figure, data)
@@ -723,9 +737,10 @@ def emit(report, args):
     summary = "%d passed, %d failed, %d skipped in %.1f s" % (
         report["summary"]["pass"], report["summary"]["fail"], report["summary"]["skip"], report["wall_s"])
     if args.json:
+        sys.stdout.write("\n%s\n%s\n%s\n" % (BEGIN_MARKER, text, END_MARKER))
+        sys.stdout.flush()
         if not args.quiet:
             sys.stderr.write("[smoke] %s\n" % summary)
-        sys.stdout.write("\n%s\n%s\n%s\n" % (BEGIN_MARKER, text, END_MARKER))
     else:
         sys.stdout.write(table + "\n" + summary + "\n")
     sys.stdout.flush()
@@ -760,13 +775,22 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
                                                                      rank, size))
         states, exits, events = execute_in_step(run, args, expect, manifest_path, wd, rank)
         if rank == 0:
-            checks.append(launch_check(run, events))
+            checks.append(launch_check(run, events, log_tail=not run.killed.endswith("crashed")))
             checks.extend(merge_run(run, states, exits, events))
             run_records.append({"framework": run.framework, "controller": run.controller,
                                 "launcher": run.launcher, "ranks": run.ranks, "workdir": wd,
                                 "wall_s": round(run.wall_s, 2), "returncode": run.returncode,
                                 "killed": run.killed,
                                 "events": {str(k): v for k, v in events.items()}})
+            if run.killed.endswith("crashed"):
+                # the step is being torn down: report now, try nothing more
+                code = finish(args, manifest, manifest_path, checks, run_records, t_start,
+                              launcher="srun (in step, %d tasks)" % size, ranks=size, workdir=wd)
+                for proc, pwd, _n in list(ACTIVE):
+                    if proc.poll() is None:
+                        st, ex = read_ranks(pwd, size)
+                        stop_run(proc, {0: st[0]} if 0 in st else {}, {}, grace=1.0)
+                return code
     if rank != 0:
         return 0
     ops = operations_check(expect, checks)

@@ -181,3 +181,21 @@ def test_inside_srun_step_a_crash_is_reported_before_slurm_cancels_the_step(tmp_
     assert proc.returncode != 0
     ar = by_name(report)["allreduce.exact[mpi]"]
     assert ar["status"] == "fail" and ar["figure"] == "rank 1 crashed"
+
+
+def test_gpu_checks_logic_runs_on_cpu_through_the_test_hook(tmp_path):
+    """No GPU here: a test hook makes the PyTorch side treat the CPU as the GPU, so the GPU
+    checks' own logic (device list, rank->GPU map, NCCL evidence, mixed precision) runs. NCCL
+    carries nothing then, and the NCCL check must say so."""
+    proc, report, _ = run_suite(tmp_path, manifest("pytorch"), "--launcher", "gloo", "--skip-static",
+                                env={"ENVBUILDER_SMOKE_TEST_GPU_ON_CPU": "1"})
+    checks = by_name(report)
+    assert checks["gpu.devices[gloo]"]["status"] == "pass"
+    assert checks["gpu.rank_map[gloo]"]["status"] == "pass"
+    assert checks["gpu.rank_map[gloo]"]["figure"] == "2 ranks, 2 GPUs"
+    nccl = checks["gpu.nccl_allreduce[gloo]"]
+    assert nccl["status"] == "fail" and "not carried by NCCL" in nccl["detail"]
+    assert "GLOO_ALLREDUCE" in nccl["detail"]
+    mp = checks["gpu.mixed_precision[gloo]"]
+    assert mp["status"] == "pass" and "weights updated" in mp["detail"]
+    assert proc.returncode == 1

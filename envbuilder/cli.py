@@ -63,6 +63,17 @@ def _build_args(p):
     from .lock.cli import add_lock_option
 
     add_lock_option(p)
+    _job_args(p)
+
+
+def _job_args(p):
+    """Job-script options (envbuilder/slurm): override the spec's `cluster` section."""
+    from .schema import RUNTIMES
+
+    p.add_argument("--runtime", choices=RUNTIMES, help="how job.sbatch runs the image (cluster.runtime)")
+    p.add_argument("--site", metavar="NAME|FILE", help="site profile: sites/NAME.yaml or a file")
+    p.add_argument("--sweep", action="append", metavar="NAME=V1,V2", default=[],
+                   help="hyper-parameter values: job.sbatch becomes a job array (repeatable)")
 
 
 @command("build", "check a spec, write Dockerfile, Apptainer.def, job.sbatch, manifest.json; build the image")
@@ -72,8 +83,9 @@ def cmd_build(args) -> int:
     from .spec import load_spec
 
     from .lock.cli import ensure_locked, existing_lock
+    from .slurm.options import apply_job_options
 
-    spec = load_spec(args.spec)
+    spec = apply_job_options(load_spec(args.spec), site=args.site, runtime=args.runtime, sweep=args.sweep)
     out = generate(spec, existing_lock(args, spec))      # an existing lock is used as is, if it matches
     folder = Path(args.out) if args.out else Path("images") / spec.name
     written = write_folder(folder, out.files)

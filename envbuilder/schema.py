@@ -53,6 +53,9 @@ def strlist(doc, **kw):
 FRAMEWORKS = ("tensorflow", "tensorflow-cpu", "intel-tensorflow", "pytorch")
 HOROVOD_OPS = ("nccl", "mpi", "gloo")
 RUNTIMES = ("apptainer", "singularity", "charliecloud", "pyxis", "host")
+MONITORS = ("tensorboard", "timeline")
+PMI_RE = re.compile(r"^(pmix(_v[0-9]+)?|pmi2|cray_shasta|none)$")
+SWEEP_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=[^,]+(,[^,]+)*$")
 
 SPEC_FIELDS: dict[str, Field] = {
     "name": s("Image and folder name (lower case, digits, . _ -).", required=True,
@@ -112,6 +115,25 @@ SPEC_FIELDS: dict[str, Field] = {
         "runtime": s("How the job runs the image.", enum=RUNTIMES, default="apptainer"),
         "image_path": s("Path of the .sif on the cluster (default: <name>.sif beside the job script)."),
         "command": s("What each rank runs (default: the smoke suite)."),
+        "pmi": s("srun --mpi= plugin (default: the spec's mpi.pmi; none without MPI).",
+                 pattern=PMI_RE, pattern_hint="pmix, pmix_v3, pmix_v4, pmi2, cray_shasta or none"),
+        "venv": s("host runtime: a virtual environment on the nodes whose bin/ goes first on PATH."),
+        "modules": strlist("host runtime: environment modules loaded before launch (module load ...).",
+                           default=[]),
+        "env": Field("map", "Extra environment for every rank (e.g. NCCL_IB_HCA: mlx5).",
+                     items=Field("string", "value")),
+        "stage": s("Dataset copied once per node to node-local storage before training "
+                   "(ranks find it in $ENVBUILDER_DATA)."),
+        "local_scratch": s("Node-local folder for staging and the throw-away HOME "
+                           "(default: $SLURM_TMPDIR, $TMPDIR or /tmp)."),
+        "sweep": Field("list", "Hyper-parameter grid, one NAME=v1,v2,... per entry: the product "
+                       "becomes a Slurm job array; each task gets NAME in its environment.",
+                       items=Field("string", "NAME=v1,v2,...", pattern=SWEEP_RE,
+                                   pattern_hint="NAME=value1,value2 (NAME: letters, digits, _)"),
+                       default=[]),
+        "monitor": Field("list", "Monitoring: tensorboard (started on the first node, prints the "
+                         "ssh -L line), timeline (Horovod timeline written by rank 0).",
+                         items=Field("string", "what", enum=MONITORS), default=[]),
     }),
 }
 

@@ -82,6 +82,26 @@ class Cluster:
     runtime: str = "apptainer"
     image_path: str | None = None
     command: str | None = None
+    pmi: str | None = None
+    venv: str | None = None
+    modules: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    stage: str | None = None
+    local_scratch: str | None = None
+    sweep: tuple[str, ...] = ()
+    monitor: tuple[str, ...] = ()
+
+    # keys added after the first release: left out of the spec hash while unset, so that
+    # existing specs keep their hash (and their image tags)
+    LATER_KEYS = ("pmi", "venv", "modules", "env", "stage", "local_scratch", "sweep", "monitor")
+
+    def canonical(self) -> dict:
+        out = {}
+        for k, v in vars(self).items():
+            if k in self.LATER_KEYS and v in (None, ()):
+                continue
+            out[k] = [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v
+        return out
 
 
 @dataclass(frozen=True)
@@ -131,7 +151,7 @@ class Spec:
             "base_os": self.base_os,
             "targets": list(self.targets),
             "env": dict(self.env),
-            "cluster": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(self.cluster).items()},
+            "cluster": self.cluster.canonical(),
         }
         return out
 
@@ -201,10 +221,24 @@ def spec_from_doc(doc: SourceDoc) -> Spec:
         base_os=data.get("base_os"),
         targets=tuple(data.get("targets") or ("docker", "apptainer")),
         env=tuple(sorted((data.get("env") or {}).items())),
-        cluster=Cluster(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in cl.items()
-                           if v is not None}) if cl else Cluster(),
+        cluster=cluster_from_data(cl),
         doc=doc,
     )
+
+
+def cluster_from_data(cl: dict | None) -> Cluster:
+    """The checked `cluster` mapping (or a site profile) as a Cluster: lists become tuples,
+    the env map sorted pairs."""
+    out = {}
+    for k, v in (cl or {}).items():
+        if v is None:
+            continue
+        if isinstance(v, dict):
+            v = tuple(sorted(v.items()))
+        elif isinstance(v, list):
+            v = tuple(v)
+        out[k] = v
+    return Cluster(**out)
 
 
 def load_spec(path: str | Path) -> Spec:

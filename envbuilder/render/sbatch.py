@@ -1,20 +1,174 @@
-"""Stack -> job.sbatch: the Slurm wrapper (hybrid model: srun starts one container per rank)."""
+"""Stack -> job.sbatch: the Slurm wrapper (hybrid model: srun starts one container per rank).
+
+The script, section by section (each section's comment in the output says why):
+
+    #SBATCH directives        resources from the spec / site profile; an array for a sweep
+    paths                     job folder, image, output folder (rank 0 writes checkpoints/logs)
+    sweep                     array task i -> its values as environment variables
+    threads, hygiene, network OMP_NUM_THREADS, SRUN_CPUS_PER_TASK, throw-away HOME, locale,
+                              PYTHONNOUSERSITE, NCCL/Gloo interface, the site's variables
+    binds                     resolved to real paths and checked before anything starts
+    node set-up               one task per node: HOME folder, data staging
+    monitoring                TensorBoard (prints the ssh -L line), Horovod timeline
+    launch                    srun --mpi=<pmi> <runtime> COMMAND, or the smoke suite
+
+Failure modes guarded against are the ones in shared/research/slurm.md (F1-F10); the comments
+in the generated script name them.
+"""
 
 from __future__ import annotations
 
 import shlex
 
+from ..components.framework import runtime_env as framework_env
 from ..plan import SMOKE_DIR
 from ..resolve import Stack
+from ..slurm import staging, sweeps
 from .common import header
 
-RUNTIME_EXEC = {
-    "apptainer": "apptainer",
-    "singularity": "singularity",
-}
+IMAGE_MANIFEST = "/opt/envbuilder/manifest.json"
 
 
-def _directives(stack: Stack, ntasks_per_node: int) -> list[str]:
+# --- runtimes: how one rank enters the image ------------------------------------------------------
+
+class Runtime:
+    name = ""
+    container = True
+    image_suffix = ""
+
+    def check_image(self) -> list[str]:
+        return [
+            'if [ ! -e "$IMAGE" ]; then',
+            f'    die "image \'$IMAGE\' not found (set ENVBUILDER_IMAGE or cluster.image_path; {self.hint})"',
+            "fi",
+        ]
+
+    hint = ""
+
+    def bind_args(self) -> list[str]:
+        """Shell lines that turn binds[] (SRC:DST[:ro]) into runtime_args[]."""
+        return []
+
+    def launch(self, gpu: bool) -> list[str]:
+        """Lines that set launch[]: what srun runs on every rank before the command."""
+        raise NotImplementedError
+
+    srun_extra = ""
+
+
+class Apptainer(Runtime):
+    def __init__(self, exe: str):
+        self.name = exe
+        self.image_suffix = ".sif"
+        self.hint = f"build it with: {exe} build IMAGE.sif Apptainer.def"
+
+    def bind_args(self):
+        return ['for b in "${binds[@]}"; do runtime_args+=(--bind "$b"); done']
+
+    def launch(self, gpu):
+        nv = " --nv" if gpu else ""
+        return [
+            "# No --cleanenv/--containall: srun's SLURM_*/PMIX_* variables must reach the ranks,",
+            "# and a private IPC namespace per rank would cut NCCL's shared-memory paths (F2, F4)",
+            f'launch=({self.name} exec{nv} --home "$HOME" "${{runtime_args[@]}}" "$IMAGE")',
+        ]
+
+
+class Charliecloud(Runtime):
+    name = "charliecloud"
+    hint = "convert it with: ch-convert -i docker envbuilder/NAME:TAG DIR"
+
+    def bind_args(self):
+        return [
+            "# ch-run binds only onto folders that exist in the image: make missing mount points",
+            "# in a directory image (it belongs to you), or stop with the folder's name (F7)",
+            'for b in "${binds[@]}"; do',
+            '    rest=${b#*:}; dst=${rest%%:*}',
+            '    if [ ! -e "$IMAGE$dst" ]; then',
+            '        if [ ! -d "$IMAGE" ] || ! mkdir -p "$IMAGE$dst" 2>/dev/null; then',
+            '            die "bind destination \'$dst\' does not exist in the image $IMAGE (charliecloud cannot create it)"',
+            "        fi",
+            '        note "made mount point $dst in the image $IMAGE"',
+            "    fi",
+            '    case $rest in *:ro) note "charliecloud binds read-write: $b";; esac',
+            '    runtime_args+=(-b "${b%:ro}")',
+            "done",
+        ]
+
+    def launch(self, gpu):
+        return [
+            "# --set-env: the image's own environment (PATH, its venv); the job's exports pass through",
+            'launch=(ch-run --set-env "${runtime_args[@]}" "$IMAGE" --)',
+        ]
+
+
+class Pyxis(Runtime):
+    name = "pyxis"
+    image_suffix = ".sqsh"
+    hint = "import it with: enroot import docker://REF, or give a registry reference"
+
+    def check_image(self):
+        # a registry reference is pulled by pyxis; only a file path can be checked here
+        return [
+            'case $IMAGE in',
+            '    /*|./*)',
+            '        if [ ! -e "$IMAGE" ]; then',
+            f'            die "image \'$IMAGE\' not found (set ENVBUILDER_IMAGE or cluster.image_path; {self.hint})"',
+            "        fi ;;",
+            "esac",
+        ]
+
+    def bind_args(self):
+        return ['mounts=$(IFS=,; echo "${binds[*]}")',
+                'runtime_args+=(--container-image="$IMAGE" --container-mounts="$mounts" --no-container-mount-home)']
+
+    def launch(self, gpu):
+        return ["# pyxis: srun itself enters the container; the rank set-up runs inside it (bash)",
+                "launch=()"]
+
+    srun_extra = ' "${runtime_args[@]}"'
+
+
+class Host(Runtime):
+    name = "host"
+    container = False
+
+    def check_image(self):
+        return []
+
+    def launch(self, gpu):
+        return ["launch=()"]
+
+
+def runtime_for(name: str) -> Runtime:
+    if name in ("apptainer", "singularity"):
+        return Apptainer(name)
+    return {"charliecloud": Charliecloud, "pyxis": Pyxis, "host": Host}[name]()
+
+
+# --- facts the script needs ---------------------------------------------------------------------
+
+def pmi_plugin(stack: Stack) -> str:
+    cl, spec = stack.spec.cluster, stack.spec
+    if cl.pmi:
+        return cl.pmi
+    if spec.mpi:
+        return spec.mpi.pmi
+    if stack.ngc and stack.ngc.get("mpi"):
+        return "pmix"
+    return "none"
+
+
+def ntasks_per_node(stack: Stack) -> int:
+    cl = stack.spec.cluster
+    return cl.ntasks_per_node or cl.gpus_per_node or 1
+
+
+def _q(value: str) -> str:
+    return shlex.quote(value)
+
+
+def _directives(stack: Stack, combos: list[dict]) -> list[str]:
     cl = stack.spec.cluster
     d = [f"--job-name={stack.spec.name}"]
     if cl.partition:
@@ -22,10 +176,10 @@ def _directives(stack: Stack, ntasks_per_node: int) -> list[str]:
     if cl.account:
         d.append(f"--account={cl.account}")
     d.append(f"--nodes={cl.nodes}")
-    d.append(f"--ntasks-per-node={ntasks_per_node}")
+    d.append(f"--ntasks-per-node={ntasks_per_node(stack)}")
     if cl.gpus_per_node:
         # every rank sees all GPUs of its node and picks one by local rank: CUDA IPC between
-        # ranks keeps working (nccl#129, pyxis#73)
+        # ranks keeps working (F4: nccl#129, pyxis#73)
         d.append(f"--gpus-per-node={cl.gpus_per_node}")
     if cl.cpus_per_task:
         d.append(f"--cpus-per-task={cl.cpus_per_task}")
@@ -33,112 +187,326 @@ def _directives(stack: Stack, ntasks_per_node: int) -> list[str]:
         d.append(f"--mem-per-cpu={cl.mem_per_cpu}")
     if cl.time:
         d.append(f"--time={cl.time}")
-    d.append("--output=%x-%j.out")
+    if combos:
+        d.append(f"--array=0-{len(combos) - 1}")
+        d.append("--output=%x-%A_%a.out")
+    else:
+        d.append("--output=%x-%j.out")
     return [f"#SBATCH {x}" for x in d]
 
 
-def _command(stack: Stack) -> str:
-    cl = stack.spec.cluster
-    if cl.command:
-        return cl.command
-    return f"python -m {SMOKE_DIR} --launcher srun"
+def _image_default(stack: Stack, rt: Runtime) -> str:
+    path = stack.spec.cluster.image_path
+    if path:
+        if path.startswith(("/", "$", "~")) or "://" in path:
+            return path.replace('"', '\\"')
+        return "$JOB_DIR/" + path.replace('"', '\\"')
+    return f"$JOB_DIR/{stack.spec.name}{rt.image_suffix}"
 
 
-def render_sbatch(stack: Stack) -> str:
-    spec, cl = stack.spec, stack.spec.cluster
-    runtime = cl.runtime
-    ntasks = cl.ntasks_per_node or cl.gpus_per_node or 1
-    pmi = spec.mpi.pmi if spec.mpi else ("pmix" if stack.ngc and stack.ngc.get("mpi") else None)
-    srun_mpi = f"--mpi={pmi}" if pmi else "--mpi=none"
-    image = cl.image_path or f"{spec.name}.sif"
-    lines = ["#!/bin/bash"]
-    lines += _directives(stack, ntasks)
-    lines += header("#", f"Slurm job for {spec.name} ({runtime} runtime)", spec.sha256(), [
-        "Submit: sbatch job.sbatch [COMMAND...]   (default command: the smoke suite)",
-        "Environment overrides: ENVBUILDER_IMAGE, OUTPUT_DIR, NCCL_SOCKET_IFNAME.",
-    ])
-    lines += [
-        "set -euo pipefail",
-        "ulimit -c 0   # no core-dump floods from many ranks",
-        "",
-        f"IMAGE=\"${{ENVBUILDER_IMAGE:-${{SLURM_SUBMIT_DIR:-$PWD}}/{image}}}\"",
-        "OUTPUT_DIR=\"${OUTPUT_DIR:-${SLURM_SUBMIT_DIR:-$PWD}/runs/${SLURM_JOB_ID:-local}}\"",
-        "mkdir -p \"$OUTPUT_DIR\"",
-        "export OUTPUT_DIR   # checkpoints and TensorBoard logs: written by rank 0 only",
-        "",
-        "# Cores per rank: srun inherits them (Slurm >= 22.05 no longer does by itself)",
-        "export SRUN_CPUS_PER_TASK=\"${SLURM_CPUS_PER_TASK:-1}\"",
-        "export OMP_NUM_THREADS=\"${SLURM_CPUS_PER_TASK:-1}\"",
-        "# Hygiene: no ~/.local packages, a fixed locale, a throw-away HOME per job",
-        "export PYTHONNOUSERSITE=1",
-        "export LC_ALL=C.UTF-8 LANG=C.UTF-8",
+# --- sections -------------------------------------------------------------------------------------
+
+def _usage(stack: Stack, rt: Runtime, combos: list[dict]) -> list[str]:
+    lines = [
+        "Submit from this folder: sbatch job.sbatch [COMMAND...]   (default: "
+        + ("cluster.command" if stack.spec.cluster.command else "the smoke suite") + ")",
+        "Overrides (environment): ENVBUILDER_DIR (this folder), "
+        + ("ENVBUILDER_IMAGE, " if rt.container else "ENVBUILDER_VENV, ")
+        + "OUTPUT_DIR, ENVBUILDER_LOCAL (node-local folder),",
+        "  NCCL_SOCKET_IFNAME, ENVBUILDER_TENSORBOARD=1, ENVBUILDER_TIMELINE=1.",
     ]
-    if cl.network_interface:
-        iface = shlex.quote(cl.network_interface)
-        lines += ["# Bootstrap NCCL and Gloo on the site's fast network (a wrong interface hangs init)",
-                  f"export NCCL_SOCKET_IFNAME=\"${{NCCL_SOCKET_IFNAME:-{iface}}}\"",
-                  "export GLOO_SOCKET_IFNAME=\"$NCCL_SOCKET_IFNAME\""]
-    if spec.cuda:
-        lines += ["export NCCL_DEBUG=\"${NCCL_DEBUG:-WARN}\""]
-    lines += [
+    if combos:
+        lines.append(f"Sweep: {len(combos)} array tasks; task i gets combination i and "
+                     "its own folder $OUTPUT_DIR.")
+    return lines
+
+
+def _paths(stack: Stack, rt: Runtime, combos: list[dict]) -> list[str]:
+    cl = stack.spec.cluster
+    out = [
         "",
-        "# Bind mounts: resolved to real paths and checked before any rank starts",
+        "note() { echo \"envbuilder: $*\" >&2; }",
+        "die() { echo \"envbuilder: error: $*\" >&2; exit 2; }",
+        "",
+        "# The folder `envbuilder build` wrote (Slurm runs a copy of this script, so it is found",
+        "# through the submit directory)",
+        'JOB_DIR="${ENVBUILDER_DIR:-${SLURM_SUBMIT_DIR:-$PWD}}"',
+    ]
+    if rt.container:
+        out.append(f'IMAGE="${{ENVBUILDER_IMAGE:-{_image_default(stack, rt)}}}"')
+        out += rt.check_image()
+    if combos:
+        out.append('OUTPUT_DIR="${OUTPUT_DIR:-$JOB_DIR/runs/${SLURM_ARRAY_JOB_ID:-local}}/'
+                   'task-${SLURM_ARRAY_TASK_ID:-0}"')
+    else:
+        out.append('OUTPUT_DIR="${OUTPUT_DIR:-$JOB_DIR/runs/${SLURM_JOB_ID:-local}}"')
+    out += [
+        "# Rank 0 alone writes checkpoints and TensorBoard logs: the other ranks do not get",
+        "# these variables (see rank_main below)",
+        'mkdir -p "$OUTPUT_DIR"',
+        'OUTPUT_DIR=$(realpath "$OUTPUT_DIR")',
+        'CHECKPOINT_DIR="$OUTPUT_DIR/checkpoints" TENSORBOARD_DIR="$OUTPUT_DIR/tensorboard"',
+        'mkdir -p "$CHECKPOINT_DIR" "$TENSORBOARD_DIR"',
+        "export OUTPUT_DIR CHECKPOINT_DIR TENSORBOARD_DIR",
+        "# Node-local folder of this job on every node: throw-away HOME, staged data",
+        'LOCAL_ROOT="${ENVBUILDER_LOCAL:-' + (_dq(cl.local_scratch) if cl.local_scratch
+                                             else "${SLURM_TMPDIR:-${TMPDIR:-/tmp}}") + '}"',
+        'JOB_LOCAL="$LOCAL_ROOT/envbuilder.${SLURM_JOB_ID:-$$}"',
+        "export JOB_LOCAL",
+    ]
+    return out
+
+
+def _dq(value: str) -> str:
+    """Inside double quotes, keeping $VAR: escape what would end or break the quoting."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
+
+
+def _sweep(combos: list[dict]) -> list[str]:
+    if not combos:
+        return []
+    names = list(combos[0])
+    out = ["",
+           "# Hyper-parameter sweep (cluster.sweep / --sweep): array task i runs combination i",
+           'case "${SLURM_ARRAY_TASK_ID:-0}" in']
+    for i, combo in enumerate(combos):
+        out.append(f"    {i}) " + " ".join(f"{n}={_q(v)}" for n, v in combo.items()) + " ;;")
+    out += [f'    *) die "array task ${{SLURM_ARRAY_TASK_ID:-}} is outside the sweep (0-{len(combos) - 1})" ;;',
+            "esac",
+            "export " + " ".join(names),
+            "{",
+            *[f"    printf '%s=%s\\n' {n} \"${n}\"" for n in names],
+            '} > "$OUTPUT_DIR/sweep.env"',
+            'note "sweep task ${SLURM_ARRAY_TASK_ID:-0}: $(paste -sd " " "$OUTPUT_DIR/sweep.env")"']
+    return out
+
+
+def _environment(stack: Stack, rt: Runtime) -> list[str]:
+    spec, cl = stack.spec, stack.spec.cluster
+    out = [
+        "",
+        "# Cores per rank: srun must be told again (Slurm >= 22.05 no longer passes",
+        "# --cpus-per-task to steps; reframe#2655); threads follow the cores",
+        'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"',
+        'export OMP_NUM_THREADS="$SRUN_CPUS_PER_TASK"',
+    ]
+    cpu_env = framework_env(stack) if stack.cpu_threads_env else {}
+    if cpu_env:
+        out.append("# CPU TensorFlow: oneDNN on, OpenMP threads do not spin, compact binding (seeds)")
+        out.append("export " + " ".join(f"{k}={_q(v)}" for k, v in sorted(cpu_env.items())
+                                        if k.startswith(("KMP_", "TF_ENABLE"))))
+    out += [
+        "# Hygiene (F5, F9): no ~/.local packages, no module-set PYTHONPATH, a fixed locale,",
+        "# a throw-away HOME per job on node-local storage (caches, ~/.nv, ~/.triton)",
+        "export PYTHONNOUSERSITE=1 LC_ALL=C.UTF-8 LANG=C.UTF-8",
+        "unset PYTHONPATH PYTHONHOME",
+        'export HOME="$JOB_LOCAL/home"',
+    ]
+    if spec.cuda:
+        out += ["# GPUs: JIT caches off the shared file system; NCCL errors surface instead of hanging",
+                "export CUDA_CACHE_DISABLE=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+                'export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"']
+    if cl.network_interface:
+        out += ["# Bootstrap NCCL and Gloo on the site's fast network (a wrong interface hangs init, F10)",
+                f'export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-{_dq(cl.network_interface)}}}"',
+                'export GLOO_SOCKET_IFNAME="$NCCL_SOCKET_IFNAME" HOROVOD_GLOO_IFACE="$NCCL_SOCKET_IFNAME"']
+    if cl.env:
+        out.append("# The site's and spec's extra variables (cluster.env)")
+        out += [f"export {k}={_q(v)}" for k, v in cl.env]
+    out += [
+        "# torch.distributed rendezvous: the first node, a port derived from the job id",
+        'MASTER_ADDR=$(scontrol show hostnames "${SLURM_JOB_NODELIST:-$(hostname)}" 2>/dev/null | head -n 1)',
+        'MASTER_ADDR="${MASTER_ADDR:-$(hostname)}"',
+        'export MASTER_ADDR MASTER_PORT=$((20000 + ${SLURM_JOB_ID:-0} % 20000))',
+    ]
+    if rt.name == "host":
+        out += _host_env(stack)
+    return out
+
+
+def _host_env(stack: Stack) -> list[str]:
+    cl = stack.spec.cluster
+    out = ["", "# Host runtime: the nodes' own software (environment modules, a virtual environment)"]
+    if cl.modules:
+        out += [
+            "if ! command -v module >/dev/null 2>&1; then",
+            "    for f in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh; do",
+            "        # shellcheck source=/dev/null",
+            '        if [ -r "$f" ]; then . "$f"; break; fi',
+            "    done",
+            "fi",
+            "module load " + " ".join(_q(m) for m in cl.modules),
+        ]
+    venv = f'${{ENVBUILDER_VENV:-{_dq(cl.venv)}}}' if cl.venv else "${ENVBUILDER_VENV:-}"
+    out += [
+        f'VENV="{venv}"',
+        'if [ -n "$VENV" ]; then',
+        '    [ -x "$VENV/bin/python" ] || die "virtual environment \'$VENV\' has no bin/python (cluster.venv, ENVBUILDER_VENV)"',
+        '    export VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH"',
+        "fi",
+    ]
+    return out
+
+
+def _binds(stack: Stack, rt: Runtime) -> list[str]:
+    cl = stack.spec.cluster
+    out = [
+        "",
+        "# Bind mounts (cluster.binds): symlinks resolved to real paths, every source checked",
+        "# before any rank starts: a missing path stops the job here, naming it (F7)",
         "binds=()",
         "add_bind() {",
-        "    local spec=$1 src rest",
-        "    src=${spec%%:*}",
-        "    rest=${spec#\"$src\"}",
-        "    if [ ! -e \"$src\" ]; then",
-        "        echo \"envbuilder: bind source '$src' does not exist on $(hostname) (cluster.binds)\" >&2",
-        "        exit 2",
-        "    fi",
-        "    binds+=(\"$(realpath \"$src\")${rest:-:$src}\")",
+        '    local spec=$1 src rest',
+        '    src=${spec%%:*}',
+        '    rest=${spec#"$src"}',
+        '    [ -e "$src" ] || die "bind source \'$src\' does not exist on $(hostname) ($2)"',
+        '    src=$(realpath "$src")',
+        '    binds+=("$src${rest:-:$src}")',
         "}",
     ]
     for bind in cl.binds:
-        lines.append(f"add_bind {shlex.quote(bind)}")
-    lines += [
-        "",
-        f"if [ \"$#\" -gt 0 ]; then cmd=(\"$@\"); else cmd=({_command(stack)}); fi",
-        "",
-    ]
-    lines += _launch(stack, runtime, srun_mpi)
-    return "\n".join(lines) + "\n"
+        out.append(f"add_bind {_q(bind)} cluster.binds")
+    if rt.container:
+        out += ["# The job's own folders, at the same paths inside the image",
+                'add_bind "$OUTPUT_DIR" "the output folder"',
+                'mkdir -p "$JOB_LOCAL"',
+                'add_bind "$JOB_LOCAL" "the node-local folder"']
+    out += staging.check_lines(stack)
+    if rt.container:
+        out.append("runtime_args=()")
+        out += rt.bind_args()
+    return out
 
 
-def _launch(stack: Stack, runtime: str, srun_mpi: str) -> list[str]:
-    gpu = stack.spec.cuda is not None
-    srun = f"srun {srun_mpi} --kill-on-bad-exit=1"
-    if runtime in RUNTIME_EXEC:
-        exe = RUNTIME_EXEC[runtime]
-        nv = " --nv" if gpu else ""
-        return [
-            "JOBHOME=\"${SLURM_TMPDIR:-/tmp}/envbuilder-home.${SLURM_JOB_ID:-$$}\"",
-            "srun --ntasks-per-node=1 mkdir -p \"$JOBHOME\"",
-            "bind_args=()",
-            "for b in \"${binds[@]}\"; do bind_args+=(--bind \"$b\"); done",
-            "# No --cleanenv/--containall: PMIx needs the SLURM_* and PMIX_* variables inside.",
-            f"{srun} \\",
-            f"    {exe} exec{nv} --home \"$JOBHOME\" \"${{bind_args[@]}}\" \"$IMAGE\" \\",
-            "    \"${cmd[@]}\"",
-        ]
-    if runtime == "charliecloud":
-        return [
-            "bind_args=()",
-            "for b in \"${binds[@]}\"; do bind_args+=(-b \"${b%:ro}\"); done",
-            f"{srun} \\",
-            "    ch-run --home --set-env=PYTHONNOUSERSITE=1 \"${bind_args[@]}\" \"$IMAGE\" -- \\",
-            "    \"${cmd[@]}\"",
-        ]
-    if runtime == "pyxis":
-        return [
-            "mounts=$(IFS=,; echo \"${binds[*]}\")",
-            f"{srun} \\",
-            "    --container-image=\"$IMAGE\" ${mounts:+--container-mounts=\"$mounts\"} \\",
-            "    \"${cmd[@]}\"",
-        ]
-    # host: the environment is already on the nodes (a venv or modules)
+def _rank_setup(stack: Stack) -> list[str]:
     return [
-        "if [ -n \"${ENVBUILDER_VENV:-}\" ]; then export PATH=\"$ENVBUILDER_VENV/bin:$PATH\"; fi",
-        f"{srun} \"${{cmd[@]}}\"",
+        "",
+        "# Every rank starts through rank_main: its identity for torch.distributed, and only",
+        "# rank 0 keeps the checkpoint and TensorBoard folders",
+        "rank_main() {",
+        '    export RANK="${SLURM_PROCID:-0}" LOCAL_RANK="${SLURM_LOCALID:-0}" WORLD_SIZE="${SLURM_NTASKS:-1}"',
+        '    if [ "$RANK" != 0 ]; then unset CHECKPOINT_DIR TENSORBOARD_DIR; fi',
+        '    exec "$@"',
+        "}",
+        "# One task per node: the node-local folder (HOME, staged data)",
+        "node_setup() {",
+        '    mkdir -p "$HOME"',
+        *staging.node_setup_lines(stack),
+        "}",
+        "export -f rank_main node_setup",
     ]
+
+
+def _monitoring(stack: Stack, rt: Runtime) -> list[str]:
+    cl = stack.spec.cluster
+    tb = "1" if "tensorboard" in cl.monitor else "0"
+    tl = "1" if "timeline" in cl.monitor else "0"
+    srun_one = f'srun --overlap --nodes=1 --ntasks=1 --nodelist="$MASTER_ADDR" --mpi=none{rt.srun_extra} "${{launch[@]}}"'
+    return [
+        "",
+        "# Monitoring (cluster.monitor): the Horovod timeline is written by rank 0 and covers all",
+        "# ranks; TensorBoard has no login, so it listens on 127.0.0.1 and is reached by ssh -L",
+        f'if [ "${{ENVBUILDER_TIMELINE:-{tl}}}" = 1 ]; then',
+        '    export HOROVOD_TIMELINE="$OUTPUT_DIR/horovod-timeline.json" HOROVOD_TIMELINE_MARK_CYCLES=1',
+        '    note "Horovod timeline: $HOROVOD_TIMELINE (open it in chrome://tracing or ui.perfetto.dev)"',
+        "fi",
+        f'if [ "${{ENVBUILDER_TENSORBOARD:-{tb}}}" = 1 ]; then',
+        "    TB_PORT=$((16006 + ${SLURM_JOB_ID:-0} % 10000))",
+        f'    {srun_one} \\',
+        '        tensorboard --logdir "$TENSORBOARD_DIR" --host 127.0.0.1 --port "$TB_PORT" \\',
+        '        > "$OUTPUT_DIR/tensorboard.log" 2>&1 &',
+        "    tb_pid=$!",
+        '    note "TensorBoard on $MASTER_ADDR:$TB_PORT; from your computer run:"',
+        '    note "  ssh -N -L $TB_PORT:127.0.0.1:$TB_PORT -J ${SLURM_SUBMIT_HOST:-LOGIN-NODE} $MASTER_ADDR"',
+        '    note "  then open http://localhost:$TB_PORT"',
+        "fi",
+    ]
+
+
+def _launch(stack: Stack, rt: Runtime, pmi: str) -> list[str]:
+    cl, spec = stack.spec.cluster, stack.spec
+    gpu_bind = " --gpu-bind=none" if cl.gpus_per_node else ""
+    out = [""]
+    out += rt.launch(spec.cuda is not None)
+    out += [
+        "",
+        "# Node set-up step, then cleaning up the node-local folders when the job ends",
+        'cleanup() {',
+        '    if [ -n "$tb_pid" ]; then kill "$tb_pid" 2>/dev/null || true; fi',
+        '    srun --overlap --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none \\',
+        '        rm -rf "$JOB_LOCAL" || true',
+        "}",
+        "tb_pid=",
+        "trap cleanup EXIT",
+        'srun --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none bash -c node_setup',
+    ]
+    out += _monitoring(stack, rt)
+    out += [
+        "",
+        f"# The hybrid model: srun --mpi={pmi} starts one rank per "
+        + ("GPU" if cl.gpus_per_node else "task") + "; the MPI in the image must speak",
+        "# the same PMI as this Slurm (F1)" + ("; --gpu-bind=none keeps all node GPUs visible (F4)" if gpu_bind else ""),
+        "run_ranks() {",
+        f"    srun --mpi={pmi} --kill-on-bad-exit=1{gpu_bind}{rt.srun_extra} \\",
+        "        \"${launch[@]}\" bash -c 'rank_main \"$@\"' rank \"$@\"",
+        "}",
+        "",
+        'note "job ${SLURM_JOB_ID:-local}: ${SLURM_NTASKS:-1} rank(s) on ${SLURM_JOB_NUM_NODES:-1} node(s), '
+        + rt.name + ', output in $OUTPUT_DIR"',
+        'if [ "$#" -gt 0 ]; then',
+        '    run_ranks "$@"',
+    ]
+    if cl.command:
+        out += ["else",
+                "    # cluster.command (its variables expand here, once for the whole job)",
+                f"    run_ranks {cl.command}"]
+    else:
+        out += ["else", "    run_smoke"]
+    out.append("fi")
+    return out
+
+
+def _smoke(stack: Stack, rt: Runtime) -> list[str]:
+    """The smoke suite through this wrapper: what `envbuilder verify --slurm` submits."""
+    gpu = " --require-gpu" if stack.spec.cuda else ""
+    out = [
+        "",
+        "# No command: the smoke suite, through exactly the path a training job takes. Every rank",
+        "# runs it; rank 0 adds the static checks, watches the ranks (a crash or a hang stops them",
+        "# all after ENVBUILDER_SMOKE_TIMEOUT s in one check) and writes the report + the table.",
+        "run_smoke() {",
+    ]
+    if rt.container:
+        out.append(f'    local manifest="${{ENVBUILDER_MANIFEST:-{IMAGE_MANIFEST}}}"')
+    else:
+        out += ['    local manifest="${ENVBUILDER_MANIFEST:-$JOB_DIR/manifest.json}"',
+                '    export PYTHONPATH="$JOB_DIR"   # the suite as `envbuilder build` wrote it']
+    out += [
+        f"    run_ranks python -m {SMOKE_DIR} --manifest \"$manifest\" --workdir \"$OUTPUT_DIR/smoke\" \\",
+        f'        --timeout "${{ENVBUILDER_SMOKE_TIMEOUT:-120}}" --report "$OUTPUT_DIR/smoke-report.json"{gpu}',
+        "}",
+    ]
+    return out
+
+
+def render_sbatch(stack: Stack) -> str:
+    spec = stack.spec
+    rt = runtime_for(spec.cluster.runtime)
+    pmi = pmi_plugin(stack)
+    combos = sweeps.combinations(sweeps.grid(spec.cluster.sweep))
+    lines = ["#!/bin/bash"]
+    lines += _directives(stack, combos)
+    lines += header("#", f"Slurm job for {spec.name} ({rt.name} runtime)", spec.sha256(),
+                    _usage(stack, rt, combos))
+    lines += ["set -euo pipefail",
+              "ulimit -c 0   # no core-dump floods from many ranks"]
+    lines += _paths(stack, rt, combos)
+    lines += _sweep(combos)
+    lines += _environment(stack, rt)
+    lines += _binds(stack, rt)
+    lines += staging.function_lines(stack)
+    lines += _rank_setup(stack)
+    if not spec.cluster.command:
+        lines += _smoke(stack, rt)
+    lines += _launch(stack, rt, pmi)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,47 @@
+"""The report of a smoke-suite job, as verify prints it.
+
+The job (job.sbatch with no command) runs the suite on every rank through srun; the suite's
+rank 0 writes ``$OUTPUT_DIR/smoke-report.json`` (static checks, every rank's results merged, the
+ranks that crashed or hung named). When the job never got that far (a missing bind, an image
+that is not there, a time limit), the report says so with the end of the job's output.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..smoke.common import FAIL, REPORT_SCHEMA, result
+
+REPORT_NAME = "smoke-report.json"
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def collect(output_dir: Path, job: dict) -> dict:
+    try:
+        report = json.loads((output_dir / REPORT_NAME).read_text())
+    except (OSError, ValueError):
+        report = None
+    if not isinstance(report, dict) or not isinstance(report.get("checks"), list):
+        why = f"job {job.get('id')} ended {job.get('state')} without a smoke report"
+        if job.get("reason") and job["reason"] != "None":
+            why += f" ({job['reason']})"
+        tail = _tail(Path(job["log"])) if job.get("log") else ""
+        report = {"schema": REPORT_SCHEMA, "ok": False, "wall_s": job.get("wall_s", 0.0),
+                  "started": job.get("submitted"),
+                  "checks": [result("slurm.job", FAIL, f"{why}\njob output ({job.get('log')}):\n{tail}",
+                                    job.get("state", "?"))]}
+    elif job.get("state") not in ("COMPLETED", "FAILED"):
+        # the suite reported, then Slurm stopped the job (time limit, cancel): say so
+        report["checks"].append(result("slurm.job", FAIL, f"job {job.get('id')} ended {job.get('state')}",
+                                       job.get("state", "?")))
+        report["ok"] = False
+    report["slurm"] = job
+    return report

@@ -1,0 +1,53 @@
+"""Data staging: copy a dataset once per node to node-local storage (an SSD, a burst buffer's
+node-local mount, /tmp) before training, so that every epoch reads locally instead of from the
+parallel file system (metadata storms, F8 in shared/research/slurm.md).
+
+`cluster.stage: /scratch/me/dataset` -> the job's node set-up step (one task per node) copies it
+to `$JOB_LOCAL/data/<name>` (under `cluster.local_scratch`, `$SLURM_TMPDIR`, `$TMPDIR` or /tmp),
+and the ranks find the copy in `$ENVBUILDER_DATA`. The copy is made under a temporary name and
+renamed when complete; the folder goes when the job ends.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ..resolve import Stack
+
+
+def check_lines(stack: Stack) -> list[str]:
+    """Batch-script lines: resolve and check the source before anything starts."""
+    src = stack.spec.cluster.stage
+    if not src:
+        return []
+    return [
+        "# Data staging (cluster.stage): checked now, copied once per node by node_setup",
+        f"STAGE_SRC={shlex.quote(src)}",
+        '[ -e "$STAGE_SRC" ] || die "stage source \'$STAGE_SRC\' does not exist on $(hostname) (cluster.stage)"',
+        'STAGE_SRC=$(realpath "$STAGE_SRC")',
+        'ENVBUILDER_DATA="$JOB_LOCAL/data/$(basename "$STAGE_SRC")"',
+        "export STAGE_SRC ENVBUILDER_DATA",
+    ]
+
+
+def function_lines(stack: Stack) -> list[str]:
+    if not stack.spec.cluster.stage:
+        return []
+    return [
+        "",
+        "# Copy the dataset to this node's local storage (run by node_setup, one task per node)",
+        "stage_data() {",
+        "    local t0=$SECONDS",
+        '    mkdir -p "${ENVBUILDER_DATA%/*}"',
+        '    rm -rf "$ENVBUILDER_DATA.partial"',
+        '    cp -a "$STAGE_SRC" "$ENVBUILDER_DATA.partial"',
+        '    mv "$ENVBUILDER_DATA.partial" "$ENVBUILDER_DATA"',
+        '    echo "envbuilder: staged $STAGE_SRC to $(hostname):$ENVBUILDER_DATA' +
+        ' ($(du -sh "$ENVBUILDER_DATA" | cut -f1), $((SECONDS - t0)) s)" >&2',
+        "}",
+        "export -f stage_data",
+    ]
+
+
+def node_setup_lines(stack: Stack) -> list[str]:
+    return ["    stage_data"] if stack.spec.cluster.stage else []

@@ -1,0 +1,196 @@
+"""`envbuilder verify --slurm`: submit the smoke suite through the folder's own job.sbatch, wait
+for it (polling `scontrol`, with a time limit that cancels the job), collect every rank's
+results and hand verify one report, printed like a local verify.
+
+    envbuilder verify images/cpu-torch-horovod --slurm --nodes 1 --ranks 2
+    envbuilder verify images/x --slurm --runtime host --python /opt/venv/bin/python
+    envbuilder verify images/x --slurm --image /scratch/me/x.sif --partition gpu --nodes 2 --ranks 8
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from ..errors import EXIT_CHECK_FAILED, EnvbuilderError
+from ..verify.runner import (Outcome, Target, VerifyOptions, charliecloud_dir, default_tag,
+                             resolve_target, total_timeout)
+from .collect import collect
+
+HEADER_RE = re.compile(r"^# Slurm job for \S+ \((\w+) runtime\)$", re.M)
+DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+               "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+POLL_S = 1.0
+
+
+def add_slurm_arguments(parser) -> None:
+    g = parser.add_argument_group("Slurm", "--slurm: submit the suite through the folder's job.sbatch "
+                                           "(srun, the job's runtime, binds) and collect every rank")
+    g.add_argument("--slurm", action="store_true", help="run the suite as a Slurm job (sbatch)")
+    g.add_argument("--nodes", type=int, default=1, help="--slurm: nodes (default 1); --ranks spread over them")
+    g.add_argument("--partition", help="--slurm: partition (default: the job script's)")
+    g.add_argument("--account", help="--slurm: account to charge")
+    g.add_argument("--time-limit", metavar="[D-]HH:MM:SS", help="--slurm: the job's --time")
+    g.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
+                   help="--slurm: extra sbatch argument, e.g. --sbatch-arg=--exclusive (repeatable)")
+
+
+def job_runtime(script: Path) -> str:
+    m = HEADER_RE.search(script.read_text(errors="replace"))
+    if not m:
+        raise EnvbuilderError("job.sbatch", f"{script} was not written by envbuilder",
+                              "re-run `envbuilder build SPEC --no-build` to write it")
+    return m.group(1)
+
+
+def _scontrol(job_id: str) -> dict | None:
+    proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                          timeout=30)
+    if proc.returncode != 0:
+        return None          # the record is gone (MinJobAge) or the controller is away
+    fields = {}
+    for item in proc.stdout.split():
+        key, sep, value = item.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    return fields
+
+
+def _seconds(runtime: str) -> float:
+    days, _, rest = runtime.rpartition("-")
+    parts = [int(p) for p in rest.split(":") if p.isdigit()]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    return (int(days) if days else 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def submit(argv: list[str], env: dict) -> str:
+    if not shutil.which("sbatch"):
+        raise EnvbuilderError("--slurm", "sbatch is not on PATH",
+                              "run verify --slurm on a Slurm login node (or start one: .ci/start-slurm.sh)")
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    if proc.returncode != 0:
+        raise EnvbuilderError("sbatch", f"the job was refused: {proc.stderr.strip() or proc.stdout.strip()}",
+                              "check --partition/--nodes/--ranks against `sinfo`", exit_code=EXIT_CHECK_FAILED)
+    return proc.stdout.strip().split(";")[0]
+
+
+def wait(job_id: str, limit: float, echo) -> tuple[dict, bool]:
+    """Poll until the job ends; cancel it after LIMIT seconds. Returns (last record, timed out)."""
+    t0 = time.time()
+    last: dict = {}
+    shown = ""
+    while True:
+        rec = _scontrol(job_id)
+        if rec is None:
+            return last or {"JobState": "UNKNOWN"}, False
+        last = rec
+        state = rec.get("JobState", "")
+        if state != shown:
+            echo(f"job {job_id}: {state.lower()}" + (f" on {rec.get('NodeList')}"
+                                                     if state == "RUNNING" else ""))
+            shown = state
+        if state in DONE_STATES:
+            return rec, False
+        if time.time() - t0 > limit:
+            echo(f"job {job_id}: still {state.lower()} after {limit:.0f} s: cancelling it")
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
+            for _ in range(60):
+                rec = _scontrol(job_id)
+                if rec is None or rec.get("JobState") in DONE_STATES:
+                    break
+                time.sleep(POLL_S)
+            return rec or last, True
+        time.sleep(POLL_S)
+
+
+def _venv_of(python: str) -> str | None:
+    """The virtual environment a --python interpreter belongs to (its bin/ goes on PATH)."""
+    root = Path(python).absolute().parent.parent
+    return str(root) if (root / "pyvenv.cfg").is_file() else None
+
+
+def run_slurm(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
+    """verify --slurm: (target, outcome, where) for verify's own reporting."""
+    if args.nodes < 1:
+        raise EnvbuilderError("--nodes", f"must be at least 1, got {args.nodes}")
+    if opts.ranks < args.nodes:
+        raise EnvbuilderError("--ranks", f"{opts.ranks} rank(s) cannot fill {args.nodes} nodes",
+                              "give at least one rank per node")
+    t = resolve_target(args.folder, None, "host", manifest=args.manifest)
+    if t.folder is None or not (t.folder / "job.sbatch").is_file():
+        raise EnvbuilderError("FOLDER", "verify --slurm needs the output folder of `envbuilder build` "
+                              "(it holds job.sbatch)", "envbuilder verify images/<name> --slurm")
+    script = t.folder / "job.sbatch"
+    runtime = job_runtime(script)
+    if args.runtime not in ("docker", runtime):   # docker: verify's default, i.e. not asked
+        raise EnvbuilderError("--runtime", f"{script} runs the {runtime} runtime, not {args.runtime}",
+                              f"rewrite it: envbuilder build SPEC --no-build --runtime {args.runtime}")
+    args.runtime = runtime          # what verify's report and headline name
+    t.runtime = runtime
+
+    env = dict(os.environ)
+    env.setdefault("USER", "root" if os.geteuid() == 0 else str(os.geteuid()))
+    for var in ("OUTPUT_DIR", "ENVBUILDER_IMAGE", "ENVBUILDER_VENV", "SLURM_JOB_ID"):
+        env.pop(var, None)
+    env["ENVBUILDER_DIR"] = str(t.folder)
+    if runtime == "host":
+        python = opts.python or sys.executable
+        venv = _venv_of(python)
+        if venv:
+            env["ENVBUILDER_VENV"] = venv
+        else:
+            env["PATH"] = str(Path(python).absolute().parent) + os.pathsep + env.get("PATH", "")
+        t.image = None
+    elif runtime == "charliecloud":
+        t.image, _owned = charliecloud_dir(args.image or default_tag(t.manifest))
+        env["ENVBUILDER_IMAGE"] = t.image
+    else:
+        t.image = args.image
+        if t.image:
+            env["ENVBUILDER_IMAGE"] = t.image
+
+    runs = t.folder / "runs"
+    out_dir = runs / f"verify-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    out_dir.mkdir(parents=True)
+    env["OUTPUT_DIR"] = str(out_dir)
+    env["ENVBUILDER_SMOKE_TIMEOUT"] = f"{opts.timeout:g}"
+    per_node = math.ceil(opts.ranks / args.nodes)
+    argv = ["sbatch", "--parsable", f"--chdir={t.folder}", f"--output={out_dir}/slurm-%j.out",
+            f"--job-name={t.name}-verify", f"--nodes={args.nodes}", f"--ntasks={opts.ranks}",
+            f"--ntasks-per-node={per_node}"]
+    for opt, value in (("partition", args.partition), ("account", args.account), ("time", args.time_limit)):
+        if value:
+            argv.append(f"--{opt}={value}")
+    argv += list(args.sbatch_arg) + [str(script)]
+
+    def echo(text):
+        if opts.echo_stderr:
+            print(f"[slurm] {text}", file=sys.stderr, flush=True)
+
+    t0 = time.time()
+    job_id = submit(argv, env)
+    echo(f"submitted job {job_id}: {opts.ranks} rank(s) on {args.nodes} node(s), {runtime} runtime, "
+         f"output in {out_dir}")
+    rec, timed_out = wait(job_id, total_timeout(opts), echo)
+    wall = time.time() - t0
+    state = rec.get("JobState", "UNKNOWN")
+    log = out_dir / f"slurm-{job_id}.out"
+    job = {"id": job_id, "state": state, "exit_code": rec.get("ExitCode"), "reason": rec.get("Reason"),
+           "nodes": rec.get("NodeList"), "elapsed_s": _seconds(rec.get("RunTime", "0:0:0")),
+           "wall_s": round(wall, 2), "submitted": t0, "output_dir": str(out_dir), "log": str(log),
+           "timed_out": timed_out}
+    echo(f"job {job_id} {state.lower()} in {job['elapsed_s']:.0f} s (wall {wall:.0f} s)")
+    report = collect(out_dir, job)
+    exit_code = int(str(rec.get("ExitCode", "1:0")).split(":")[0] or 1)
+    outcome = Outcome(argv=argv, returncode=exit_code, stdout="", wall_s=wall, timed_out=timed_out,
+                      report=report)
+    where = f"{t.name} (slurm job {job_id}, {runtime}, {opts.ranks} rank(s) on {args.nodes} node(s))"
+    return t, outcome, where

@@ -1,0 +1,242 @@
+"""job.sbatch submitted to a real Slurm (the one-node cluster of .ci/start-slurm.sh): the smoke
+suite through `envbuilder verify --slurm` with the host runtime and with charliecloud (2 ranks,
+srun --mpi=pmix, Horovod over MPI), a 3-value sweep as a job array with staged data, and a
+missing bind that stops the job before any rank starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, run_envbuilder
+from infra import base_image, docker_cli, require_binary, require_docker, require_slurm
+
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+# a Python with torch 2.13 (CPU) + Horovod (MPI): what the host runtime runs on the nodes
+HOST_PYTHON = os.environ.get("ENVBUILDER_SMOKE_PYTHON") or "/work/venv-smoke/bin/python"
+
+
+@pytest.fixture(autouse=True)
+def slurm():
+    require_slurm()
+    require_binary("srun", "run .ci/install-system.sh and .ci/start-slurm.sh")
+    os.environ.setdefault("USER", "root" if os.geteuid() == 0 else str(os.geteuid()))
+
+
+def sbatch_wait(script: Path, *args: str, env: dict | None = None, timeout: int = 300):
+    """sbatch --wait [OPTIONS] job.sbatch [COMMAND], as a user would: (exit code, job id, seconds,
+    stderr). Arguments starting with -- before the first other one are sbatch options."""
+    full = dict(os.environ)
+    full.update(env or {})
+    opts = [a for a in args if a.startswith("--")]
+    command = [a for a in args if not a.startswith("--")]
+    t0 = time.time()
+    proc = subprocess.run(["sbatch", "--wait", "--parsable", *opts, str(script), *command], cwd=script.parent,
+                          capture_output=True, text=True, env=full, timeout=timeout)
+    return proc.returncode, proc.stdout.strip().split(";")[0], time.time() - t0, proc.stderr
+
+
+def job_seconds(job_id: str) -> int:
+    """How long the job itself ran (Slurm's RunTime), not counting sbatch --wait's polling."""
+    from envbuilder.slurm.submit import _scontrol, _seconds
+
+    rec = _scontrol(job_id) or {}
+    return _seconds(rec.get("RunTime", "99:99:99"))
+
+
+def verify_slurm(folder: Path, tmp_path: Path, *args: str):
+    """envbuilder verify FOLDER --slurm: (result, JSON report, seconds); the table is in result.out."""
+    report_file = tmp_path / f"report-{time.time_ns()}.json"
+    t0 = time.time()
+    r = run_envbuilder("verify", str(folder), "--slurm", "--ranks", "2", "--report", str(report_file),
+                       *args, timeout=900)
+    assert report_file.is_file(), r.out[-3000:] + r.err[-3000:]
+    return r, json.loads(report_file.read_text()), time.time() - t0
+
+
+def assert_passed_with_two_mpi_ranks(r, report):
+    failed = [(c["name"], c.get("detail", "")[:500]) for c in report["checks"] if c["status"] == "fail"]
+    assert r.code == 0 and not failed, failed or r.err[-3000:]
+    names = {c["name"]: c for c in report["checks"]}
+    assert names["horovod.init[mpi]"]["figure"] == "2 ranks, mpi controller"
+    assert names["allreduce.exact[mpi]"]["status"] == "pass"
+    assert names["train.pytorch[mpi]"]["status"] == "pass"
+    assert set(names["train.pytorch[mpi]"]["ranks"]) == {"0", "1"}
+    assert report["slurm"]["state"] == "COMPLETED"
+
+
+def test_verify_slurm_host_runtime_two_ranks_over_pmix(tmp_path):
+    if not os.access(HOST_PYTHON, os.X_OK):
+        pytest.skip(f"no Python with torch + Horovod at {HOST_PYTHON} (set ENVBUILDER_SMOKE_PYTHON)")
+    folder = tmp_path / "cpu-torch"
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(folder),
+                       "--runtime", "host")
+    assert r.code == 0, r.err
+    r, report, wall = verify_slurm(folder, tmp_path, "--python", HOST_PYTHON, "--junit", str(tmp_path / "j.xml"))
+    assert_passed_with_two_mpi_ranks(r, report)
+    assert report["verify"]["runtime"] == "host"
+    # the table a person reads, as local verify prints it, and JUnit for CI
+    assert re.search(r"^OK: cpu-torch-horovod \(slurm job \d+, host, 2 rank\(s\) on 1 node\(s\)\)", r.out, re.M)
+    assert re.search(r"^allreduce.exact\[mpi\] +PASS +24 cases exact", r.out, re.M)
+    assert "<testcase" in (tmp_path / "j.xml").read_text()
+    # the job left its own copy of the report beside its output
+    assert (Path(report["slurm"]["output_dir"]) / "smoke-report.json").is_file()
+    print(f"host runtime: verify --slurm {wall:.1f} s, job {report['slurm']['elapsed_s']} s")
+
+
+# --------------------------------------------------------------------------- charliecloud
+
+def _wheelhouse() -> str:
+    proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
+    folders = [line.split("=", 1)[1].strip().strip("'\"") for line in proc.stdout.splitlines()
+               if "find-links" in line] + ["/opt/wheels"]
+    for folder in folders:
+        if (Path(folder) / TORCH_WHEEL).is_file():
+            return folder
+    pytest.fail(f"{TORCH_WHEEL} not found in pip's find-links folder (ENVIRONMENT.md)")
+
+
+@pytest.fixture(scope="module")
+def torch_image(tmp_path_factory):
+    """The cpu-torch image, built (or brought up to date from the build cache) by envbuilder."""
+    require_slurm()
+    require_docker()
+    base_image()
+    require_binary("ch-convert", "apt-get install charliecloud")
+    out = tmp_path_factory.mktemp("img") / "cpu-torch"
+    tag = None
+    probe = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(out))
+    assert probe.code == 0, probe.err
+    tag = json.loads((out / "manifest.json").read_text())["image"]["tag"]
+    existed = subprocess.run([docker_cli(), "image", "inspect", tag], capture_output=True).returncode == 0
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out), "--ca-bundle", CA_BUNDLE,
+                       "--wheelhouse", _wheelhouse(), timeout=2400)
+    assert r.code == 0, r.err[-3000:]
+    yield out, tag
+    if not existed:
+        subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
+
+
+def test_verify_slurm_charliecloud_two_ranks_over_pmix(torch_image, tmp_path):
+    folder, tag = torch_image
+    assert "(charliecloud runtime)" in (folder / "job.sbatch").read_text()
+    r, report, wall = verify_slurm(folder, tmp_path, "--image", tag)
+    assert_passed_with_two_mpi_ranks(r, report)
+    assert report["verify"]["runtime"] == "charliecloud"
+    print(f"charliecloud: verify --slurm {wall:.1f} s (incl. ch-convert), job {report['slurm']['elapsed_s']} s")
+
+
+def test_charliecloud_binds_paths_with_spaces_and_quotes(torch_image, tmp_path):
+    folder, tag = torch_image
+    from envbuilder.verify.runner import charliecloud_dir
+
+    directory, _ = charliecloud_dir(tag)
+    data = tmp_path / "it's my data"
+    data.mkdir()
+    (data / "hello.txt").write_text("hello from the host\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text((RECIPES / "cpu-torch.yaml").read_text().replace(
+        "  runtime: charliecloud", f'  runtime: charliecloud\n  binds: ["{data}:/mnt/it\'s data"]'))
+    job = tmp_path / "job"
+    assert run_envbuilder("build", str(spec), "--no-build", "--out", str(job)).code == 0
+    code, job_id, secs, err = sbatch_wait(job / "job.sbatch", "--ntasks=1", "--ntasks-per-node=1",
+                                          "cat", "/mnt/it's data/hello.txt",
+                                          env={"ENVBUILDER_IMAGE": directory})
+    log = (job / f"cpu-torch-horovod-{job_id}.out").read_text()
+    assert code == 0, err + log
+    assert "hello from the host" in log
+
+
+# --------------------------------------------------------------------------- sweeps, staging, binds
+
+TRAIN = """\
+import json, os, sys
+rank = int(os.environ["RANK"])
+data = os.environ["ENVBUILDER_DATA"]
+record = {"rank": rank, "size": int(os.environ["WORLD_SIZE"]), "lr": os.environ["LR"],
+          "data": data, "data_text": open(os.path.join(data, "labels.txt")).read().strip(),
+          "home": os.environ["HOME"], "nousersite": os.environ.get("PYTHONNOUSERSITE"),
+          "threads": os.environ.get("OMP_NUM_THREADS"),
+          "checkpoint_dir": os.environ.get("CHECKPOINT_DIR")}
+with open(os.path.join(os.environ["OUTPUT_DIR"], "rank-%d.json" % rank), "w") as fh:
+    json.dump(record, fh)
+if os.environ.get("CHECKPOINT_DIR"):          # rank 0 alone has it
+    with open(os.path.join(os.environ["OUTPUT_DIR"], "report.json"), "w") as fh:
+        json.dump({"lr": os.environ["LR"], "ok": True}, fh)
+"""
+
+
+def test_a_sweep_of_three_values_runs_as_an_array_and_leaves_three_reports(tmp_path):
+    dataset = tmp_path / "dataset dir"
+    dataset.mkdir()
+    (dataset / "labels.txt").write_text("cat dog\n")
+    (tmp_path / "train.py").write_text(TRAIN)
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text(f"""\
+name: sweep-test
+framework: {{name: pytorch, version: "2.13.0+cpu"}}
+python: "3.11"
+base: local/debian:bookworm
+cluster:
+  ntasks_per_node: 2
+  cpus_per_task: 1
+  time: "00:05:00"
+  runtime: host
+  stage: "{dataset}"
+  command: {sys.executable} {tmp_path}/train.py
+""")
+    job = tmp_path / "job"
+    r = run_envbuilder("build", str(spec), "--no-build", "--out", str(job), "--sweep", "lr=0.1,0.01,0.001")
+    assert r.code == 0, r.err
+    text = (job / "job.sbatch").read_text()
+    assert "#SBATCH --array=0-2" in text
+    code, job_id, secs, err = sbatch_wait(job / "job.sbatch")
+    logs = "".join(p.read_text() for p in sorted(job.glob("*.out")))
+    assert code == 0, err + logs
+    tasks = sorted((job / "runs" / job_id).iterdir())
+    assert [t.name for t in tasks] == ["task-0", "task-1", "task-2"]
+    seen = []
+    for task in tasks:
+        report = json.loads((task / "report.json").read_text())
+        seen.append(report["lr"])
+        assert (task / "sweep.env").read_text() == f"LR={report['lr']}\n"
+        ranks = [json.loads((task / f"rank-{i}.json").read_text()) for i in (0, 1)]
+        assert [x["size"] for x in ranks] == [2, 2]
+        assert ranks[0]["checkpoint_dir"] == str(task / "checkpoints") and ranks[1]["checkpoint_dir"] is None
+        for x in ranks:
+            assert x["data_text"] == "cat dog" and x["data"].endswith("/data/dataset dir")
+            assert not x["data"].startswith(str(tmp_path))         # a node-local copy
+            assert x["home"].endswith("/home") and x["nousersite"] == "1" and x["threads"] == "1"
+            assert not Path(x["data"]).exists()                      # removed when the job ended
+    assert seen == ["0.1", "0.01", "0.001"]
+    assert "staged" in logs
+    print(f"sweep: 3 array tasks x 2 ranks, sbatch --wait {secs:.1f} s, "
+          f"tasks {[job_seconds(f'{job_id}_{i}') for i in range(3)]} s")
+
+
+def test_a_missing_bind_stops_the_job_at_once_naming_it(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    missing = tmp_path / "no such 'data'"
+    spec.write_text((RECIPES / "cpu-torch.yaml").read_text().replace(
+        "  runtime: charliecloud", f'  runtime: host\n  binds: ["{tmp_path}", "{missing}:/data:ro"]'))
+    job = tmp_path / "job"
+    assert run_envbuilder("build", str(spec), "--no-build", "--out", str(job)).code == 0
+    code, job_id, secs, err = sbatch_wait(job / "job.sbatch", "true")
+    log = (job / f"cpu-torch-horovod-{job_id}.out").read_text()
+    assert code == 2, log
+    assert f"envbuilder: error: bind source '{missing}' does not exist on" in log
+    assert "rank(s) on" not in log           # no rank was started
+    assert job_seconds(job_id) <= 5
+    # verify --slurm says the same in its table
+    r, report, _ = verify_slurm(job, tmp_path, "--python", sys.executable)
+    assert r.code == 1
+    failed = [c for c in report["checks"] if c["status"] == "fail"]
+    assert failed[0]["name"] == "slurm.job" and str(missing) in failed[0]["detail"]

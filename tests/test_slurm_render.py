@@ -1,0 +1,166 @@
+"""job.sbatch for every runtime and option, checked without a cluster: shellcheck finds nothing,
+the apptainer and pyxis variants (which cannot run here) carry the right launch line, and site
+profiles, sweeps, staging and monitoring show up where a user looks for them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, ROOT
+
+RUNTIMES = ("apptainer", "singularity", "charliecloud", "pyxis", "host")
+
+EVERYTHING = """\
+name: all-options
+framework: {name: pytorch, version: "2.0.1"}
+python: "3.10"
+cuda: {version: "11.8", cudnn: "8", nccl: "2.15.5"}
+mpi: {flavor: openmpi, version: "4.1.5", pmi: pmix}
+horovod: {version: "0.28.1", operations: [nccl, mpi, gloo]}
+cluster:
+  nodes: 2
+  gpus_per_node: 4
+  cpus_per_task: 8
+  binds: ["/data/my set:/data:ro", "/scratch/it's here"]
+  network_interface: ib0
+  env: {NCCL_IB_HCA: mlx5}
+  modules: [cuda/11.8, "openmpi/4.1.5"]
+  venv: /opt/venvs/torch
+  stage: /scratch/datasets/cifar
+  local_scratch: /local/ssd
+  monitor: [tensorboard, timeline]
+  sweep: ["lr=0.1,0.01", "batch=32,64,128"]
+  command: python train.py --lr "$LR" --batch "$BATCH"
+"""
+
+
+def render(cli, tmp_path: Path, spec: Path, *args: str) -> str:
+    out = tmp_path / ("out-" + "-".join(a.strip("-").replace("/", "_") for a in args))
+    r = cli("build", str(spec), "--no-build", "--out", str(out), *args)
+    assert r.code == 0, r.err
+    return (out / "job.sbatch").read_text()
+
+
+def shellcheck(text: str, tmp_path: Path) -> str:
+    exe = shutil.which("shellcheck")
+    assert exe, "shellcheck must be installed (.ci/install-system.sh)"
+    path = tmp_path / "check.sbatch"
+    path.write_text(text)
+    proc = subprocess.run([exe, "--shell=bash", "--severity=style", str(path)], capture_output=True, text=True)
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_every_runtime_with_every_option_passes_shellcheck(cli, write_spec, tmp_path, runtime):
+    text = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", runtime)
+    assert shellcheck(text, tmp_path) == ""
+    plain = render(cli, tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", runtime)
+    assert shellcheck(plain, tmp_path) == ""
+
+
+def test_apptainer_runs_each_rank_in_the_image_with_gpus_and_checked_binds(cli, write_spec, tmp_path):
+    text = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", "apptainer")
+    assert 'launch=(apptainer exec --nv --home "$HOME" "${runtime_args[@]}" "$IMAGE")' in text
+    assert 'runtime_args+=(--bind "$b")' in text
+    assert "srun --mpi=pmix --kill-on-bad-exit=1 --gpu-bind=none" in text
+    assert "--cleanenv" not in text.replace("No --cleanenv", "") and "--containall" not in \
+        text.replace("--cleanenv/--containall", "")
+    # bind sources with spaces and quotes are quoted once, for the shell
+    assert "add_bind '/data/my set:/data:ro' cluster.binds" in text
+    assert "add_bind '/scratch/it'\"'\"'s here' cluster.binds" in text
+    singularity = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", "singularity")
+    assert "launch=(singularity exec --nv" in singularity
+
+
+def test_pyxis_hands_the_image_and_mounts_to_srun(cli, write_spec, tmp_path):
+    text = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", "pyxis")
+    assert '--container-image="$IMAGE" --container-mounts="$mounts" --no-container-mount-home' in text
+    assert 'srun --mpi=pmix --kill-on-bad-exit=1 --gpu-bind=none "${runtime_args[@]}"' in text
+    assert "launch=()" in text
+
+
+def test_environment_hygiene_threads_and_network(cli, write_spec, tmp_path):
+    text = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", "apptainer")
+    for line in ('export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"',
+                 'export OMP_NUM_THREADS="$SRUN_CPUS_PER_TASK"',
+                 "export PYTHONNOUSERSITE=1 LC_ALL=C.UTF-8 LANG=C.UTF-8",
+                 'export HOME="$JOB_LOCAL/home"',
+                 'export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-ib0}"',
+                 'export GLOO_SOCKET_IFNAME="$NCCL_SOCKET_IFNAME"',
+                 "export NCCL_IB_HCA=mlx5",
+                 'LOCAL_ROOT="${ENVBUILDER_LOCAL:-/local/ssd}"',
+                 "#SBATCH --cpus-per-task=8"):
+        assert line in text, line
+    # rank 0 alone keeps the checkpoint / TensorBoard folders
+    assert 'if [ "$RANK" != 0 ]; then unset CHECKPOINT_DIR TENSORBOARD_DIR; fi' in text
+    intel = render(cli, tmp_path, RECIPES / "cpu-intel-tf.yaml")
+    assert "KMP_AFFINITY=granularity=fine,compact,1,0" in intel and "TF_ENABLE_ONEDNN_OPTS=1" in intel
+
+
+def test_sweep_becomes_a_job_array_with_values_and_folders(cli, write_spec, tmp_path):
+    text = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", "host")
+    assert "#SBATCH --array=0-5" in text and "#SBATCH --output=%x-%A_%a.out" in text
+    assert "    0) BATCH=32 LR=0.1 ;;" in text and "    5) BATCH=128 LR=0.01 ;;" in text
+    assert "export BATCH LR" in text
+    assert "task-${SLURM_ARRAY_TASK_ID:-0}" in text
+    # the command line replaces a name of the spec's grid and adds new ones
+    over = render(cli, tmp_path, write_spec(EVERYTHING), "--sweep", "lr=1e-3", "--sweep", "seed=1,2")
+    assert "#SBATCH --array=0-5" in over and "    5) BATCH=128 LR=1e-3 SEED=2 ;;" in over
+
+
+def test_staging_and_monitoring_lines(cli, write_spec, tmp_path):
+    text = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", "charliecloud")
+    assert "STAGE_SRC=/scratch/datasets/cifar" in text
+    assert 'ENVBUILDER_DATA="$JOB_LOCAL/data/$(basename "$STAGE_SRC")"' in text
+    assert "stage_data() {" in text and 'srun --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}"' in text
+    assert 'if [ "${ENVBUILDER_TENSORBOARD:-1}" = 1 ]' in text
+    assert "ssh -N -L $TB_PORT:127.0.0.1:$TB_PORT -J" in text
+    assert "--host 127.0.0.1" in text
+    assert 'HOROVOD_TIMELINE="$OUTPUT_DIR/horovod-timeline.json"' in text
+    plain = render(cli, tmp_path, RECIPES / "cpu-torch.yaml")
+    assert 'if [ "${ENVBUILDER_TENSORBOARD:-0}" = 1 ]' in plain and "stage_data" not in plain
+
+
+def test_same_spec_gives_a_byte_identical_job_script(cli, write_spec, tmp_path):
+    spec = write_spec(EVERYTHING)
+    a = render(cli, tmp_path / "a", spec, "--site", "example-gpu")
+    b = render(cli, tmp_path / "b", spec, "--site", "example-gpu")
+    assert a == b
+
+
+def test_a_site_profile_sets_the_cluster_and_adds_binds(cli, write_spec, tmp_path):
+    text = render(cli, tmp_path, RECIPES / "gpu.yaml", "--site", "example-gpu")
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --account=proj123", "#SBATCH --cpus-per-task=16",
+                 "#SBATCH --mem-per-cpu=4G", "add_bind /scratch cluster.binds",
+                 "add_bind /projects cluster.binds", "export NCCL_IB_HCA=mlx5",
+                 "# Slurm job for tf-horovod-gpu (apptainer runtime)"):
+        assert line in text, line
+    local = render(cli, tmp_path, RECIPES / "gpu.yaml", "--site", str(ROOT / "sites" / "local.yaml"))
+    assert "#SBATCH --partition=debug" in local and "(charliecloud runtime)" in local
+    # --runtime wins over the site
+    assert "(host runtime)" in render(cli, tmp_path, RECIPES / "gpu.yaml", "--site", "local", "--runtime", "host")
+
+
+def test_bad_site_and_sweep_input_get_one_message_and_exit_2(cli, write_spec, tmp_path):
+    r = cli("build", str(RECIPES / "gpu.yaml"), "--no-build", "--out", str(tmp_path / "x"), "--site", "nowhere")
+    assert r.code == 2 and "no site profile named 'nowhere'" in r.err and "example-gpu" in r.err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\npartition: gpu\ngpus_per_nod: 4\n")
+    r = cli("build", str(RECIPES / "gpu.yaml"), "--no-build", "--out", str(tmp_path / "x"), "--site", str(bad))
+    assert r.code == 2 and "bad.yaml:3: gpus_per_nod: unknown key" in r.err and "gpus_per_node" in r.err
+    r = cli("build", str(RECIPES / "gpu.yaml"), "--no-build", "--out", str(tmp_path / "x"), "--sweep", "lr")
+    assert r.code == 2 and "'lr' is not NAME=value1,value2" in r.err
+    r = cli("check", str(write_spec(EVERYTHING.replace('"lr=0.1,0.01"', '"lr 0.1"'))))
+    assert r.code == 2 and "cluster.sweep[0]" in r.err
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_spec_hash_of_existing_specs_is_unchanged_by_the_new_keys():
+    """Image tags derive from the spec hash: adding cluster keys must not retag every image."""
+    from envbuilder.spec import load_spec
+
+    assert load_spec(RECIPES / "cpu-torch.yaml").sha256().startswith("141fef067edc")

@@ -92,16 +92,42 @@ def test_suite_files_are_self_contained_and_python38(path):
             assert top in stdlib or top in ALLOWED_TOP, f"{path.name}: imports {node.module}"
 
 
-def test_suite_runs_as_envbuilder_smoke_when_copied(tmp_path):
+def _old_pythons():
+    """A real Python 3.8 (pyenv shims that only print 'command not found' do not count)."""
+    cands = sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.8*/bin/python"))
+    cands += [shutil.which("python3.8")]
+    for exe in cands:
+        if not exe:
+            continue
+        try:
+            out = subprocess.run([exe, "-c", "import sys; print(sys.version_info[:2] == (3, 8))"],
+                                 capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out == "True":
+            return [exe]
+    return [None]
+
+
+@pytest.mark.parametrize("python", _old_pythons())
+def test_suite_runs_on_python38(tmp_path, python):
+    if python is None:
+        pytest.skip("no Python 3.8 on this machine")
+    test_suite_runs_as_envbuilder_smoke_when_copied(tmp_path, python)
+
+
+def test_suite_runs_as_envbuilder_smoke_when_copied(tmp_path, python=sys.executable):
     """The image layout: the folder copied to <dir>/envbuilder_smoke, run as a top-level package."""
     shutil.copytree(SMOKE, tmp_path / "envbuilder_smoke", ignore=shutil.ignore_patterns("__pycache__"))
     manifest = tmp_path / "manifest.json"
+    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True).stdout.strip()
     manifest.write_text(json.dumps({"name": "bare", "expect": {
-        "python": "%d.%d" % sys.version_info[:2], "framework": None, "horovod": None, "mpi": None,
+        "python": version, "framework": None, "horovod": None, "mpi": None,
         "cuda": None, "cudnn": None, "nccl": None, "gpu": False, "packages": {}}}))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["LANG"] = "C.UTF-8"
-    proc = subprocess.run([sys.executable, "-m", "envbuilder_smoke", "--manifest", str(manifest), "--json"],
+    proc = subprocess.run([python, "-m", "envbuilder_smoke", "--manifest", str(manifest), "--json"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     body = proc.stdout.split(common.BEGIN_MARKER)[1].split(common.END_MARKER)[0]

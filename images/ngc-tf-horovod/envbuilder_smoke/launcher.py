@@ -579,11 +579,24 @@ def merge_run(run, states, exits, events):
             res = result(name, SKIP, "not run on rank %s: %s" % (
                 ",".join(str(r) for r in missing), first_failure))
         else:
-            res = result(name, SKIP, "not run: %s" % (first_failure or run.start_error or
-                                                        "the run ended early"))
+            why = first_failure or run.start_error
+            if not why:
+                parent = _parent_failure(name, out)
+                why = ("%s failed" % parent) if parent else "the run ended early"
+            res = result(name, SKIP, "not run: %s" % why)
         res["ranks"] = {str(r): _brief(got[r]) for r in sorted(got)}
         out.append(res)
     return out
+
+
+def _parent_failure(name, merged):
+    """A check that reports several results ran under its first name: if that one failed
+    with an error, the others never came."""
+    tag = name.split("[")[-1]
+    for c in merged:
+        if c["status"] == FAIL and c["name"].split("[")[-1] == tag and _same_step(c["name"], name):
+            return c["name"]
+    return None
 
 
 def _same_step(running, name):

@@ -36,6 +36,10 @@ class TorchAdapter(object):
     # ---------------------------------------------------------------- devices
     def gpu_available(self, ctx):
         torch = self.torch
+        # test hook (not a user option): run the GPU checks' logic on the CPU
+        self.fake_gpu = os.environ.get("ENVBUILDER_SMOKE_TEST_GPU_ON_CPU") == "1"
+        if self.fake_gpu:
+            return True
         try:
             ok = torch.cuda.is_available() and torch.cuda.device_count() > 0
         except Exception:  # noqa: BLE001
@@ -45,7 +49,7 @@ class TorchAdapter(object):
         return ok
 
     def device(self, kind):
-        if kind == "gpu":
+        if kind == "gpu" and not getattr(self, "fake_gpu", False):
             return self.torch.device("cuda", self.torch.cuda.current_device())
         return self.torch.device("cpu")
 
@@ -119,7 +123,7 @@ class TorchAdapter(object):
         dev = self.device(kind)
         t = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
         name = self.name("bw%d" % nbytes)
-        sync = torch.cuda.synchronize if kind == "gpu" else (lambda: None)
+        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
         def op():
             hvd.allreduce(t, op=hvd.Sum, name=name)
@@ -171,7 +175,7 @@ class TorchAdapter(object):
     def _rank_diff(self, model, label):
         """Largest |w - w_rank0| over all ranks and weights (every rank gets the same answer)."""
         torch = self.torch
-        vec = self._flat(model)
+        vec = self._flat(model).cpu()   # on the host: works whatever GPU ops Horovod has
         ref = self.hvd.broadcast(vec.clone(), 0, name=self.name(label))
         mine = torch.tensor([float((vec - ref).abs().max().item())], dtype=torch.float64)
         every = self.hvd.allgather(mine, name=self.name(label + ".max"))
@@ -234,6 +238,9 @@ class TorchAdapter(object):
     # ---------------------------------------------------------------- GPU
     def gpu_devices(self, ctx):
         torch = self.torch
+        if self.fake_gpu:
+            return {"count": 1, "names": ["cpu (test hook)"], "mine": "cpu-%d" % self.hvd.local_rank(),
+                    "index": 0, "cuda": None, "capability": "-"}
         count = torch.cuda.device_count()
         names = [torch.cuda.get_device_name(i) for i in range(count)]
         cur = torch.cuda.current_device()
@@ -242,43 +249,56 @@ class TorchAdapter(object):
         return {"count": count, "names": names, "mine": uuid, "index": cur,
                 "cuda": torch.version.cuda, "capability": "%d.%d" % (props.major, props.minor)}
 
-    def mixed_precision_step(self, ctx):
+    def mixed_precision_step(self, ctx, kind="gpu"):
+        """One Horovod step under autocast: float16 + GradScaler on a GPU (bfloat16, no scaler,
+        when KIND is 'cpu', which only the tests use)."""
         torch = self.torch
-        dev = self.device("gpu")
+        dev = self.device(kind)
+        cuda = dev.type == "cuda"
+        half = torch.float16 if cuda else torch.bfloat16
         torch.manual_seed(7)
         model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
                                     torch.nn.Linear(256, 10)).to(dev)
         opt = self.hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
                                             named_parameters=model.named_parameters())
         self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        try:
-            scaler = torch.amp.GradScaler("cuda")
-        except (AttributeError, TypeError):
-            scaler = torch.cuda.amp.GradScaler()
+        scaler = None
+        if cuda:
+            try:
+                scaler = torch.amp.GradScaler("cuda")
+            except (AttributeError, TypeError):
+                scaler = torch.cuda.amp.GradScaler()
         x = torch.randn(64, 256, device=dev)
         y = torch.randint(0, 10, (64,), device=dev)
         before = model[0].weight.detach().clone()
         times = []
         dtype = None
+        loss = None
         for _ in range(3):
             t0 = time.perf_counter()
             opt.zero_grad()
-            with torch.autocast(device_type="cuda", dtype=torch.float16):
+            with torch.autocast(device_type=dev.type, dtype=half):
                 out = model(x)
                 dtype = out.dtype
-                loss = torch.nn.functional.cross_entropy(out, y)
-            scaler.scale(loss).backward()
-            opt.synchronize()
-            scaler.unscale_(opt)
-            with opt.skip_synchronize():
-                scaler.step(opt)
-            scaler.update()
-            torch.cuda.synchronize()
+                loss = torch.nn.functional.cross_entropy(out.float(), y)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                opt.synchronize()
+                scaler.unscale_(opt)
+                with opt.skip_synchronize():
+                    scaler.step(opt)
+                scaler.update()
+                torch.cuda.synchronize()
+            else:
+                loss.backward()
+                opt.step()
             times.append(time.perf_counter() - t0)
         changed = not torch.equal(before, model[0].weight.detach())
         finite = bool(torch.isfinite(loss).item())
-        ok = finite and changed and dtype == torch.float16
-        return {"ok": ok, "detail": "autocast float16 + GradScaler + Horovod: activations %s, loss %.4f "
-                "%s, weights %s" % (dtype, float(loss.item()), "finite" if finite else "NOT finite",
-                                    "updated" if changed else "NOT updated"),
+        ok = finite and changed and dtype == half
+        return {"ok": ok, "detail": "autocast %s%s + Horovod DistributedOptimizer: activations %s, "
+                "loss %.4f %s, weights %s" % (str(half).replace("torch.", ""),
+                                              " + GradScaler" if scaler is not None else "", dtype,
+                                              float(loss.item()), "finite" if finite else "NOT finite",
+                                              "updated" if changed else "NOT updated"),
                 "figure": "%.2f ms/step" % (min(times) * 1000), "step_ms": min(times) * 1000}

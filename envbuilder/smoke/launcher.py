@@ -581,12 +581,23 @@ def merge_run(run, states, exits, events):
         else:
             why = first_failure or run.start_error
             if not why:
-                parent = _parent_failure(name, out)
+                parent = _parent_failure(name, out) or _fatal_failure(out)
                 why = ("%s failed" % parent) if parent else "the run ended early"
             res = result(name, SKIP, "not run: %s" % why)
         res["ranks"] = {str(r): _brief(got[r]) for r in sorted(got)}
         out.append(res)
     return out
+
+
+def _fatal_failure(merged):
+    """The failed check after which the ranks stopped (Horovod never started, or went down)."""
+    for c in merged:
+        if c["status"] != FAIL:
+            continue
+        fatal = any(((r.get("data") or {}).get("fatal")) for r in (c.get("ranks") or {}).values())
+        if fatal or c["name"].startswith("horovod.init"):
+            return c["name"]
+    return None
 
 
 def _parent_failure(name, merged):

@@ -254,3 +254,17 @@ def test_docker_missing_image_is_bad_input(tmp_path):
     r = run_envbuilder("verify", str(folder), "--runtime", "docker")
     assert r.code == 2
     assert "image envbuilder-test/never-built:none not found" in r.err and "Traceback" not in r.err
+
+
+def test_no_report_is_a_failed_check_with_the_suites_last_words(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'some framework noise'\necho 'ImportError: no module named horovod' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    folder = write_manifest(tmp_path / "m")
+    junit = tmp_path / "j.xml"
+    r = run_envbuilder("verify", str(folder), "--runtime", "host", "--python", str(fake), "--junit", str(junit))
+    assert r.code == 1
+    assert "the suite printed no report (exit code 3)" in r.out
+    assert "ImportError: no module named horovod" in r.out and "some framework noise" in r.out
+    fail = ET.parse(junit).getroot().find("testsuite/testcase/failure")
+    assert fail is not None and "no report" in fail.get("message")

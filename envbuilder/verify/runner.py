@@ -12,8 +12,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -239,16 +241,37 @@ def execute(argv: list[str], *, timeout: float, env: dict | None = None,
     """Run ARGV; stderr streams through (progress), stdout is captured and parsed."""
     t0 = time.time()
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=None if echo_stderr else
-                                subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     except FileNotFoundError:
         raise EnvbuilderError("verify", f"{argv[0]} not found", "install it or pick another --runtime")
     except OSError as exc:
         raise EnvbuilderError("verify", f"cannot run {argv[0]}: {exc.strerror}")
+    # stderr (the suite's progress lines) streams through live and its tail is kept for the
+    # message when no report comes; stdout (the report) is collected
+    err_tail: deque = deque(maxlen=40)
+
+    def pump_stderr():
+        for raw in iter(proc.stderr.readline, b""):
+            line = raw.decode("utf-8", "replace")
+            err_tail.append(line.rstrip("\n"))
+            if echo_stderr:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+    out_chunks: list[bytes] = []
+
+    def pump_stdout():
+        for chunk in iter(lambda: proc.stdout.read(65536), b""):
+            out_chunks.append(chunk)
+
+    threads = [threading.Thread(target=pump_stderr, daemon=True),
+               threading.Thread(target=pump_stdout, daemon=True)]
+    for th in threads:
+        th.start()
     timed_out = False
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
         if on_timeout:
@@ -258,19 +281,21 @@ def execute(argv: list[str], *, timeout: float, env: dict | None = None,
         except OSError:
             pass
         try:
-            out, _ = proc.communicate(timeout=10)
+            proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except OSError:
                 pass
-            out, _ = proc.communicate()
-    text = out.decode("utf-8", "replace") if out else ""
+            proc.wait()
+    for th in threads:
+        th.join(timeout=10)
+    text = b"".join(out_chunks).decode("utf-8", "replace")
     o = Outcome(argv=argv, returncode=proc.returncode, stdout=text, wall_s=time.time() - t0,
                 timed_out=timed_out)
     o.report = parse_report(text)
     if o.report is None:
-        tail = "\n".join(text.strip().splitlines()[-15:])
+        tail = "\n".join((text.strip().splitlines() + [l for l in err_tail if l.strip()])[-15:])
         if timed_out:
             o.problem = f"the suite did not finish within {timeout:.0f} s and was stopped"
         else:

@@ -661,7 +661,7 @@ def launch_check(run, events, log_tail=True):
     cmd = " ".join(shlex.quote(c) for c in run.command)
     if run.start_error:
         return result(name, FAIL, run.start_error, "not started")
-    figure = "%.1f s wall, %d ranks" % (run.wall_s, run.ranks)
+    figure = "%.1f s wall, %d rank%s" % (run.wall_s, run.ranks, "" if run.ranks == 1 else "s")
     data = {"command": run.command, "returncode": run.returncode, "wall_s": round(run.wall_s, 2),
             "killed": run.killed, "log": run.log_path}
     bad = [e["text"] for e in events.values() if e["kind"] in ("crash", "hang", "never", "lost")]

@@ -11,10 +11,12 @@ import argparse
 import json
 import shlex
 import sys
+from typing import Callable
 
 from ..errors import EXIT_CHECK_FAILED, EXIT_OK, EnvbuilderError
 from . import report as rep
-from .runner import RUNTIMES, VerifyOptions, resolve_target, run_suite, write_atomic
+from .runner import (RUNTIMES, Outcome, Target, VerifyOptions, resolve_target, run_suite,
+                     write_atomic)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slurm_arguments(parser)
 
 
-def _options(args) -> VerifyOptions:
+def options(args) -> VerifyOptions:
     if args.ranks < 1:
         raise EnvbuilderError("--ranks", f"must be at least 1, got {args.ranks}")
     if args.timeout <= 0:
@@ -58,16 +60,27 @@ def _options(args) -> VerifyOptions:
                          echo_stderr=True)
 
 
-def run(args) -> int:
-    opts = _options(args)
-    if args.slurm:   # through the folder's job.sbatch: envbuilder/slurm/submit.py
-        from ..slurm.submit import run_slurm
-        target, outcome, where = run_slurm(args, opts)
-    else:
-        target = resolve_target(args.folder, args.image, args.runtime, manifest=args.manifest)
-        where = f"{target.name} ({args.runtime}" + (f" {target.image}" if target.image and
-                                                       args.runtime != "host" else "") + ")"
-        outcome = run_suite(target, opts)
+def run_local(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
+    """The suite on this machine: in a docker/apptainer/charliecloud image or the host Python."""
+    target = resolve_target(args.folder, args.image, args.runtime, manifest=args.manifest)
+    where = f"{target.name} ({args.runtime}" + (f" {target.image}" if target.image and
+                                                   args.runtime != "host" else "") + ")"
+    return target, run_suite(target, opts), where
+
+
+SuiteRunner = Callable[[argparse.Namespace, VerifyOptions], "tuple[Target, Outcome, str]"]
+
+
+def run(args, suite_runner: SuiteRunner | None = None) -> int:
+    """`envbuilder verify`. SUITE_RUNNER (default: run_local) runs the suite and returns
+    (target, outcome, where); another one (a Slurm job, say) plugs in here and gets the same
+    table, JSON, JUnit and exit codes."""
+    opts = options(args)
+    target, outcome, where = (suite_runner or run_local)(args, opts)
+    return report_outcome(args, opts, target, outcome, where)
+
+
+def report_outcome(args, opts: VerifyOptions, target: Target, outcome: Outcome, where: str) -> int:
     report = outcome.report
     if report is None:
         report = rep.failure_report(outcome.problem, argv=outcome.argv, wall_s=outcome.wall_s,

@@ -76,6 +76,10 @@ def run(args, suite_runner: SuiteRunner | None = None) -> int:
     (target, outcome, where); another one (a Slurm job, say) plugs in here and gets the same
     table, JSON, JUnit and exit codes."""
     opts = options(args)
+    if suite_runner is None and getattr(args, "slurm", False):
+        # through the folder's job.sbatch: envbuilder/slurm/submit.py
+        from ..slurm.submit import run_slurm
+        suite_runner = run_slurm
     target, outcome, where = (suite_runner or run_local)(args, opts)
     return report_outcome(args, opts, target, outcome, where)
 

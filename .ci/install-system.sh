@@ -38,5 +38,5 @@ export DEBIAN_FRONTEND=noninteractive
 # Wait for another apt/dpkg run (e.g. unattended installs) instead of failing.
 APT_OPTS=(-o DPkg::Lock::Timeout=900 -o Acquire::Retries=3)
 apt-get "${APT_OPTS[@]}" update -q
-apt-get "${APT_OPTS[@]}" install -y -q --no-install-recommends "${missing[@]}"
+apt-get "${APT_OPTS[@]}" install -y -q "${missing[@]}"
 echo "install-system: done"

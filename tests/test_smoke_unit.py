@@ -57,6 +57,8 @@ def test_nccl_version_codes():
     assert static.nccl_version_from_code(21505) == "2.15.5"
     assert static.nccl_version_from_code(2708) == "2.7.8"
     assert static.nccl_version_from_code(0) is None
+    assert static.cudnn_version_from_code(8907) == "8.9.7"
+    assert static.cudnn_version_from_code(90100) == "9.1.0"
 
 
 # --- the folder ships into images: stdlib + framework only, relative imports, Python 3.8 -----------

@@ -481,6 +481,9 @@ def write_atomic(path: str | Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)      # mkstemp makes 0600; a report is for sharing
         os.replace(tmp, path)
     except BaseException:
         try:

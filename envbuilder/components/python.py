@@ -42,14 +42,18 @@ def devel_steps(stack: Stack) -> list[Step]:
     ], network=True, mounts=mounts, build_env=locked_env(stack))]
 
 
+# 1980-01-01T00:00:00Z, the earliest time a wheel (zip) can hold.
+SOURCE_DATE_EPOCH = "315532800"
+
+
 def locked_env(stack: Stack) -> dict[str, str]:
-    """With a lock: SOURCE_DATE_EPOCH from it, so pip writes hash-based .pyc files (the same
-    bytes in every build of the lock)."""
+    """With a lock: SOURCE_DATE_EPOCH, so pip writes hash-based .pyc files (the same bytes in
+    every build of the lock). A fixed value, not the lock's time: every pip step carries it, and
+    a value that moved with each `envbuilder lock` would rebuild every pip layer after a one-pin
+    change."""
     if not stack.lock:
         return {}
-    from ..lock.render import source_date_epoch
-
-    return {"SOURCE_DATE_EPOCH": source_date_epoch(stack.lock)}
+    return {"SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
 
 
 def runtime_copies(stack: Stack) -> list[Copy]:

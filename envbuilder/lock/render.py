@@ -3,9 +3,6 @@ install exactly them. Components call these only when the stack carries a lock."
 
 from __future__ import annotations
 
-import calendar
-import time
-
 from . import apt as apt_
 from . import conda as conda_
 from . import pip as pip_
@@ -23,15 +20,6 @@ def pins_files(lock: Lock) -> dict[str, bytes]:
     if lock.conda:
         files.update(conda_.pins_files(lock.conda["lockfile"]))
     return files
-
-
-def source_date_epoch(lock: Lock) -> str:
-    """The lock's resolution time as SOURCE_DATE_EPOCH: the same lock gives the same value, so
-    Python writes hash-based .pyc files (no timestamps) and tools that honour it agree."""
-    try:
-        return str(calendar.timegm(time.strptime(lock.resolved_at, "%Y-%m-%dT%H:%M:%SZ")))
-    except ValueError:
-        return "0"
 
 
 def pip_group(stack, group: str, pip: str) -> tuple[list[str], list[str]]:

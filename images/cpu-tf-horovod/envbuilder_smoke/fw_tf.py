@@ -9,6 +9,8 @@ import os
 import statistics
 import time
 
+from .common import scaled_base_lr
+
 
 class TFAdapter(object):
     key = "tensorflow"
@@ -154,10 +156,11 @@ class TFAdapter(object):
         every = self.hvd.allgather(mine, name=self.name(label + ".max")).numpy()
         return float(np.max(every)), float(np.max(np.abs(vec)))
 
-    def train(self, ctx, steps=12, warmup=4, batch=16, base_lr=0.01):
+    def train(self, ctx, steps=12, warmup=4, batch=16, base_lr=None):
         tf, hvd = self.tf, self.hvd
         import horovod.tensorflow.keras as hvdk
         size, rank = hvd.size(), hvd.rank()
+        base_lr = base_lr or scaled_base_lr(size)
         keras = tf.keras
         tf.random.set_seed(1000 + rank)  # different initial weights: broadcast must fix them
         model = keras.Sequential([

@@ -7,6 +7,8 @@ import os
 import statistics
 import time
 
+from .common import scaled_base_lr
+
 
 class TorchAdapter(object):
     key = "pytorch"
@@ -181,9 +183,10 @@ class TorchAdapter(object):
         every = self.hvd.allgather(mine, name=self.name(label + ".max"))
         return float(every.max().item()), float(vec.abs().max().item())
 
-    def train(self, ctx, steps=12, warmup=4, batch=16, base_lr=0.01):
+    def train(self, ctx, steps=12, warmup=4, batch=16, base_lr=None):
         torch, hvd = self.torch, self.hvd
         size, rank = hvd.size(), hvd.rank()
+        base_lr = base_lr or scaled_base_lr(size)
         dev = self.device("gpu" if ctx.gpu else "cpu")
         ctx.phase("build model")
         torch.manual_seed(1000 + rank)  # different initial weights: broadcast must fix them

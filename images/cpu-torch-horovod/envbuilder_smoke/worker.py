@@ -163,7 +163,7 @@ def check_init(ctx):
         problems.append("controller %s requested but not in use (mpi_enabled=%s gloo_enabled=%s)" % (
             ctx.controller, info["mpi_enabled"], info["gloo_enabled"]))
     used = "mpi" if info["mpi_enabled"] else ("gloo" if info["gloo_enabled"] else "?")
-    figure = "%d ranks, %s controller" % (size, used)
+    figure = "%d rank%s, %s controller" % (size, "" if size == 1 else "s", used)
     if problems:
         return [result(name, FAIL, "; ".join(problems), figure, info)]
     return [result(name, PASS, "hvd.init() in %.2f s: rank %d of %d (local %d of %d) on %s, "

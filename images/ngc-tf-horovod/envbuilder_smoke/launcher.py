@@ -581,12 +581,23 @@ def merge_run(run, states, exits, events):
         else:
             why = first_failure or run.start_error
             if not why:
-                parent = _parent_failure(name, out)
+                parent = _parent_failure(name, out) or _fatal_failure(out)
                 why = ("%s failed" % parent) if parent else "the run ended early"
             res = result(name, SKIP, "not run: %s" % why)
         res["ranks"] = {str(r): _brief(got[r]) for r in sorted(got)}
         out.append(res)
     return out
+
+
+def _fatal_failure(merged):
+    """The failed check after which the ranks stopped (Horovod never started, or went down)."""
+    for c in merged:
+        if c["status"] != FAIL:
+            continue
+        fatal = any(((r.get("data") or {}).get("fatal")) for r in (c.get("ranks") or {}).values())
+        if fatal or c["name"].startswith("horovod.init"):
+            return c["name"]
+    return None
 
 
 def _parent_failure(name, merged):
@@ -650,7 +661,7 @@ def launch_check(run, events, log_tail=True):
     cmd = " ".join(shlex.quote(c) for c in run.command)
     if run.start_error:
         return result(name, FAIL, run.start_error, "not started")
-    figure = "%.1f s wall, %d ranks" % (run.wall_s, run.ranks)
+    figure = "%.1f s wall, %d rank%s" % (run.wall_s, run.ranks, "" if run.ranks == 1 else "s")
     data = {"command": run.command, "returncode": run.returncode, "wall_s": round(run.wall_s, 2),
             "killed": run.killed, "log": run.log_path}
     bad = [e["text"] for e in events.values() if e["kind"] in ("crash", "hang", "never", "lost")]

@@ -168,6 +168,13 @@ def env_local_size():
     return env_size()
 
 
+def scaled_base_lr(size, base=0.02, largest=0.16):
+    """Per-rank base learning rate of the training check. The check scales it by the number of
+    ranks (with warm-up); past 8 ranks the base shrinks so the scaled rate stays <= LARGEST,
+    which this tiny problem tolerates (linear scaling has its limits, Goyal et al. 2017)."""
+    return min(base, largest / max(1, size))
+
+
 def cpu_count():
     try:
         return len(os.sched_getaffinity(0))

@@ -182,6 +182,32 @@ def import_framework(expect):
         return None, "import %s failed: %s: %s" % (mod, type(exc).__name__, exc)
 
 
+def cudnn_version_from_code(v):
+    if not v:
+        return None
+    if v >= 90000:   # cuDNN 9: major*10000 + minor*100 + patch
+        return "%d.%d.%d" % (v // 10000, (v % 10000) // 100, v % 100)
+    return "%d.%d.%d" % (v // 1000, (v % 1000) // 100, v % 100)
+
+
+def cudnn_library_version():
+    """(version, path) of the cuDNN library the image has, from cudnnGetVersion()."""
+    cands = loaded_libraries(r"^libcudnn\.so") + ["libcudnn.so.9", "libcudnn.so.8", "libcudnn.so.7",
+                                                   "libcudnn.so"]
+    for name in cands:
+        try:
+            lib = ctypes.CDLL(name)
+            fn = lib.cudnnGetVersion
+        except (OSError, AttributeError):
+            continue
+        fn.restype = ctypes.c_size_t
+        try:
+            return cudnn_version_from_code(int(fn())), name
+        except Exception:  # noqa: BLE001
+            continue
+    return None, None
+
+
 def framework_build_info(fw_mod):
     """CUDA / cuDNN versions the framework was built for (None on CPU builds)."""
     info = {"cuda": None, "cudnn": None, "nccl": None}
@@ -191,10 +217,7 @@ def framework_build_info(fw_mod):
         info["cuda"] = getattr(getattr(fw_mod, "version", None), "cuda", None)
         if info["cuda"]:
             try:
-                v = fw_mod.backends.cudnn.version()
-                if v:
-                    info["cudnn"] = ("%d.%d.%d" % (v // 10000, (v % 10000) // 100, v % 100)) \
-                        if v >= 90000 else ("%d.%d.%d" % (v // 1000, (v % 1000) // 100, v % 100))
+                info["cudnn"] = cudnn_version_from_code(fw_mod.backends.cudnn.version())
             except Exception:  # noqa: BLE001
                 pass
             try:
@@ -212,7 +235,8 @@ def framework_build_info(fw_mod):
             build = {}
         if build.get("is_cuda_build"):
             info["cuda"] = build.get("cuda_version")
-            info["cudnn"] = build.get("cudnn_version")
+            # build info names the major cuDNN only ('8'): the library says which one it is
+            info["cudnn"] = cudnn_library_version()[0] or build.get("cudnn_version")
     return info
 
 

@@ -82,8 +82,9 @@ def cmd_build(args) -> int:
     from .output import write_folder
     from .spec import load_spec
 
-    from .lock.cli import ensure_locked, existing_lock
     from .slurm.options import apply_job_options
+
+    from .lock.cli import ensure_locked, existing_lock
 
     spec = apply_job_options(load_spec(args.spec), site=args.site, runtime=args.runtime, sweep=args.sweep)
     out = generate(spec, existing_lock(args, spec))      # an existing lock is used as is, if it matches
@@ -149,10 +150,8 @@ def cmd_schema(args) -> int:
 # --- verify (the smoke suite) -------------------------------------------------------------------
 
 def _verify_args(p):
-    try:  # TEMP while verify/ lands
-        from .verify.cli import add_arguments
-    except ImportError:
-        return
+    from .verify.cli import add_arguments
+
     add_arguments(p)
 
 

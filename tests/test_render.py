@@ -173,7 +173,9 @@ def test_images_folder_is_up_to_date(rendered):
     for preset, name in _names().items():
         fresh = rendered[preset.stem]
         committed = ROOT / "images" / name
-        for path in fresh.rglob("*"):
+        # the recipes and the manifest; the manifest carries the smoke suite's hash, so the
+        # suite's copy (not committed) is checked through it
+        for path in fresh.iterdir():
             if path.is_file():
                 rel = path.relative_to(fresh)
                 mine = committed / rel

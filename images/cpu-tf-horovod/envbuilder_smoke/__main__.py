@@ -1,5 +1,0 @@
-import sys
-
-from .launcher import main
-
-sys.exit(main())

@@ -814,6 +814,8 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
                     if proc.poll() is None:
                         st, ex = read_ranks(pwd, size)
                         stop_run(proc, {0: st[0]} if 0 in st else {}, {}, grace=1.0)
+                if not args.keep and not args.workdir:
+                    shutil.rmtree(base, ignore_errors=True)
                 return code
     if rank != 0:
         return 0

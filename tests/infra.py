@@ -124,3 +124,16 @@ def require_binary(name: str, fix: str = "run .ci/install-system.sh") -> str:
     if not path:
         _unavailable(name, "not on PATH", fix)
     return path  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- host smoke Python
+SMOKE_VENV_PYTHON = "/opt/envbuilder-smoke-venv/bin/python"   # made by .ci/make-smoke-venv.sh
+
+
+def smoke_python() -> Optional[str]:
+    """A Python with torch, tensorflow-cpu and Horovod for host-runtime tests:
+    ENVBUILDER_SMOKE_PYTHON, else the environment .ci/setup makes, else None."""
+    explicit = os.environ.get("ENVBUILDER_SMOKE_PYTHON")
+    if explicit:
+        return explicit
+    return SMOKE_VENV_PYTHON if os.access(SMOKE_VENV_PYTHON, os.X_OK) else None

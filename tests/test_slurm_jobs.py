@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import base_image, docker_cli, require_binary, require_docker, require_slurm
+from infra import base_image, docker_cli, require_binary, require_docker, require_slurm, smoke_python
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 # a Python with torch 2.13 (CPU) + Horovod (MPI): what the host runtime runs on the nodes
-HOST_PYTHON = os.environ.get("ENVBUILDER_SMOKE_PYTHON") or "/work/venv-smoke/bin/python"
+HOST_PYTHON = smoke_python() or "/opt/envbuilder-smoke-venv/bin/python"
 
 
 @pytest.fixture(autouse=True)

@@ -2,8 +2,8 @@
 for PyTorch and TensorFlow, plus the failure paths (version drift, a crashed rank, a hung rank).
 
 Needs a Python with torch 2.13 / tensorflow-cpu 2.15 and Horovod built against both:
-ENVBUILDER_SMOKE_PYTHON=/path/to/python (see tests/README or the verify docs for how to build
-one). Without it these tests are skipped.
+ENVBUILDER_SMOKE_PYTHON=/path/to/python, or the environment `.ci/setup` makes
+(.ci/make-smoke-venv.sh). Without either these tests are skipped.
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from infra import smoke_python
+
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN = "=====ENVBUILDER-SMOKE-REPORT-BEGIN====="
 END = "=====ENVBUILDER-SMOKE-REPORT-END====="
-PY = os.environ.get("ENVBUILDER_SMOKE_PYTHON")
+PY = smoke_python()
 
 pytestmark = pytest.mark.skipif(
     not PY, reason="ENVBUILDER_SMOKE_PYTHON is not set (path to a Python with torch, tensorflow-cpu "

@@ -19,8 +19,9 @@ from envbuilder.verify import report as rep
 from envbuilder.verify import runner
 from envbuilder.verify.runner import (BEGIN_MARKER, END_MARKER, VERIFY_MANIFEST, Target, VerifyOptions,
                                       apptainer_argv, build_argv, parse_report, resolve_target)
+from infra import smoke_python
 
-SMOKE_PY = os.environ.get("ENVBUILDER_SMOKE_PYTHON")
+SMOKE_PY = smoke_python()
 needs_smoke_python = pytest.mark.skipif(
     not SMOKE_PY, reason="ENVBUILDER_SMOKE_PYTHON is not set (a Python with torch + Horovod)")
 

@@ -1,0 +1,452 @@
+"""envbuilder against hpccm and a plain Dockerfile, on the same stack and the same engine.
+
+For each stack (torch: recipes/cpu-torch.yaml, tf: recipes/cpu-tf.yaml) and each builder
+(envbuilder, hpccm: bench/hpccm_recipe.py, plain: bench/plain/Dockerfile.STACK) it measures:
+
+  size      image size (docker image inspect .Size) and its ratio to the payload (bench/payload.py,
+            measured inside the image)
+  cold      `docker build --no-cache` with the base image present (extra pip pin six==1.16.0)
+  rebuild   the build after changing that one pin to six==1.17.0, with the cold build's cache
+  verify    `envbuilder verify --image TAG --ranks 2` wall time (median of --repeat runs), and
+            the smoke training's step time in the container / on the host (/work/venv-smoke)
+  render    `envbuilder build PRESET --no-build` for every recipe (median of --render-repeat)
+
+All three builds run through the same BuildKit CLI, with the same CA secret and wheelhouse.
+envbuilder's own steps before the docker build (lock, render) are timed separately.
+
+    python bench/bench.py                       # everything, both stacks (about 1 h 30 here)
+    python bench/bench.py --stacks torch --builders envbuilder
+    python bench/bench.py --no-cold             # skip the cold builds (uses the cache)
+    python bench/bench.py --render-only         # only the --no-build timings (seconds)
+    python bench/bench.py --table bench/results.json   # print the table of saved results
+    python bench/bench.py --dry-run             # the table from fake measurements (tests)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench"
+STACKS = {
+    "torch": {"recipe": "recipes/cpu-torch.yaml", "name": "cpu-torch-horovod"},
+    "tf": {"recipe": "recipes/cpu-tf.yaml", "name": "cpu-tf-horovod"},
+}
+BUILDERS = ("envbuilder", "hpccm", "plain")
+PIN_BEFORE, PIN_AFTER = "six==1.16.0", "six==1.17.0"
+HOST_PYTHON = "/work/venv-smoke/bin/python"
+GOALS = {"ratio": 1.15, "rebuild_share": 0.15, "verify_s": 60.0, "overhead": 1.05, "render_s": 1.0}
+
+
+# ---- measuring ------------------------------------------------------------------------------
+
+def load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def run(cmd, log: Path | None = None, env=None, stdin=None, check=True) -> tuple[float, str]:
+    """(seconds, output) of a command; the output also goes to LOG."""
+    started = time.monotonic()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=env, input=stdin, errors="replace")
+    seconds = time.monotonic() - started
+    if log:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write("$ " + " ".join(map(str, cmd)) + f"\n{proc.stdout}\n# exit {proc.returncode}, "
+                    f"{seconds:.1f} s\n")
+    if check and proc.returncode != 0:
+        tail = "\n".join(proc.stdout.splitlines()[-25:])
+        raise RuntimeError(f"{' '.join(map(str, cmd[:4]))} ... failed ({proc.returncode}):\n{tail}")
+    return seconds, proc.stdout
+
+
+def docker_cli() -> list[str]:
+    sys.path.insert(0, str(REPO))
+    from envbuilder.engines.docker import buildkit_cli   # the CLI envbuilder itself would use
+
+    return buildkit_cli()
+
+
+def machine() -> dict:
+    cpu = ""
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem = 0
+    try:
+        mem = int(next(l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal"))) // 1024 ** 2
+    except (OSError, StopIteration):
+        pass
+    docker = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"],
+                            capture_output=True, text=True).stdout.strip()
+    return {"cpus": os.cpu_count(), "cpu": cpu, "mem_gib": mem, "kernel": platform.release(),
+            "os": _os_name(), "docker_engine": docker, "python": platform.python_version()}
+
+
+def _os_name() -> str:
+    try:
+        return next(l.split("=", 1)[1].strip().strip('"') for l in open("/etc/os-release")
+                    if l.startswith("PRETTY_NAME="))
+    except (OSError, StopIteration):
+        return platform.platform()
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.work = Path(args.workdir or tempfile.mkdtemp(prefix="envbuilder-bench-"))
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.cli = docker_cli()
+        self.env = dict(os.environ, DOCKER_BUILDKIT="1")
+        self.py = sys.executable
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')} load {load():5.2f}] {msg}", file=sys.stderr, flush=True)
+
+    # -- contexts: one folder per builder, a Dockerfile, wheelhouse/, the smoke suite
+    def _wheels(self, ctx: Path) -> None:
+        wh = ctx / "wheelhouse"
+        wh.mkdir(exist_ok=True)
+        for wheel in sorted(Path(self.args.wheelhouse).glob("*.whl")):
+            if not (wh / wheel.name).exists():
+                try:
+                    os.link(wheel, wh / wheel.name)
+                except OSError:
+                    shutil.copy2(wheel, wh / wheel.name)
+
+    def _suite(self, stack: str, ctx: Path) -> None:
+        """The smoke suite and the preset's manifest (no lock: no package expectations), copied
+        into the hpccm and plain contexts exactly as envbuilder's folder holds them."""
+        src = REPO / "images" / STACKS[stack]["name"]
+        shutil.copy2(src / "manifest.json", ctx / "manifest.json")
+        if (ctx / "envbuilder_smoke").exists():
+            shutil.rmtree(ctx / "envbuilder_smoke")
+        shutil.copytree(src / "envbuilder_smoke", ctx / "envbuilder_smoke",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+
+    def prepare(self, stack: str, builder: str, pin: str, log: Path) -> tuple[Path, float]:
+        """The build context for PIN; seconds spent by the builder's own tool before docker."""
+        ctx = self.work / stack / builder
+        ctx.mkdir(parents=True, exist_ok=True)
+        tool_s = 0.0
+        if builder == "envbuilder":
+            spec = self.work / stack / f"{stack}-spec.yaml"
+            text = (REPO / STACKS[stack]["recipe"]).read_text()
+            spec.write_text(text.replace("\ntargets:", f'\npackages: {{pip: ["{pin}"]}}\ntargets:', 1))
+            lock = self.work / stack / "envbuilder.lock"
+            ca = ["--ca-bundle", self.args.ca_bundle] if self.args.ca_bundle else []
+            s1, _ = run([self.py, "-m", "envbuilder", "lock", str(spec), "--lock", str(lock),
+                         "--wheelhouse", self.args.wheelhouse, *ca], log)
+            s2, _ = run([self.py, "-m", "envbuilder", "build", str(spec), "--lock", str(lock),
+                         "--out", str(ctx), "--no-build"], log)
+            tool_s = s1 + s2
+        elif builder == "hpccm":
+            s, out = run([self.args.hpccm, "--recipe", str(BENCH / "hpccm_recipe.py"), "--format", "docker",
+                          "--userarg", f"framework={stack}", "pip=" + pin.replace("==", ":")], log)
+            (ctx / "Dockerfile").write_text(out if out.endswith("\n") else out + "\n")
+            self._suite(stack, ctx)
+            tool_s = s
+        else:
+            text = (BENCH / "plain" / f"Dockerfile.{stack}").read_text()
+            assert PIN_BEFORE in text, "the plain Dockerfile must pin " + PIN_BEFORE
+            (ctx / "Dockerfile").write_text(text.replace(PIN_BEFORE, pin))
+            self._suite(stack, ctx)
+        self._wheels(ctx)
+        return ctx, tool_s
+
+    def build(self, ctx: Path, tag: str, log: Path, no_cache: bool) -> float:
+        cmd = list(self.cli) + ["--progress=plain", "--tag", tag]
+        if no_cache:
+            cmd.append("--no-cache")
+        if self.args.ca_bundle:
+            cmd += ["--secret", f"id=ca,src={self.args.ca_bundle}"]
+        seconds, _ = run(cmd + [str(ctx)], log, env=self.env)
+        return seconds
+
+    def image_size(self, tag: str) -> int:
+        out = subprocess.run([self.cli[0], "image", "inspect", "--format", "{{.Size}}", tag],
+                             capture_output=True, text=True, check=True).stdout
+        return int(out.strip())
+
+    def payload(self, tag: str, log: Path) -> dict:
+        _, out = run([self.cli[0], "run", "--rm", "-i", "--network", "none", "--entrypoint", "python3", tag, "-"],
+                     log, stdin=(BENCH / "payload.py").read_text())
+        return json.loads(out.strip().splitlines()[-1])
+
+    def verify(self, tag: str | None, stack: str, log: Path, host: bool = False) -> dict:
+        report = self.work / "verify-report.json"
+        if report.exists():
+            report.unlink()
+        manifest = REPO / "images" / STACKS[stack]["name"] / "manifest.json"
+        if host:
+            cmd = [self.py, "-m", "envbuilder", "verify", "--runtime", "host", "--python", self.args.host_python,
+                   "--manifest", str(manifest)]
+        else:
+            cmd = [self.py, "-m", "envbuilder", "verify", "--image", tag, "--runtime", "docker",
+                   "--manifest", str(manifest)]
+        started_load = load()
+        seconds, _ = run(cmd + ["--ranks", "2", "--report", str(report)], log, check=False)
+        data = json.loads(report.read_text()) if report.exists() else {}
+        return {"wall_s": round(seconds, 2), "ok": bool(data.get("ok")), "summary": data.get("summary"),
+                "trains": trains(data), "step_ms": step_ms(data), "load": [started_load, load()]}
+
+    def rmi(self, tag: str) -> None:
+        subprocess.run([self.cli[0], "rmi", "-f", tag], capture_output=True)
+
+    # -- one stack, one builder
+    def builder(self, stack: str, builder: str) -> dict:
+        log = self.work / f"{stack}-{builder}.log"
+        tag = f"envbuilder-bench/{stack}-{builder}:latest"
+        out: dict = {"stack": stack, "builder": builder, "tag": tag, "log": str(log)}
+        ctx, tool_s = self.prepare(stack, builder, PIN_BEFORE, log)
+        out["tool_s"] = round(tool_s, 2)
+        self.log(f"{stack}/{builder}: {'cold' if self.args.cold else 'cached'} build")
+        out["cold_load"] = [load()]
+        seconds = self.build(ctx, tag, log, no_cache=self.args.cold)
+        out["cold_load"].append(load())
+        out["cold_s" if self.args.cold else "first_build_s"] = round(seconds, 1)
+        ctx, tool_s = self.prepare(stack, builder, PIN_AFTER, log)
+        out["rebuild_tool_s"] = round(tool_s, 2)
+        self.log(f"{stack}/{builder}: rebuild after {PIN_BEFORE} -> {PIN_AFTER}")
+        out["rebuild_load"] = [load()]
+        out["rebuild_s"] = round(self.build(ctx, tag, log, no_cache=False), 1)
+        out["rebuild_load"].append(load())
+        out["size_bytes"] = self.image_size(tag)
+        out["payload"] = self.payload(tag, log)
+        self.log(f"{stack}/{builder}: verify x{self.args.repeat}" + (", each followed by a host run"
+                                                                      if builder == "envbuilder" else ""))
+        out["verify"], out["host"] = [], []
+        for _ in range(self.args.repeat):      # host runs interleaved: load drift hits both alike
+            out["verify"].append(self.verify(tag, stack, log))
+            if builder == "envbuilder":
+                out["host"].append(self.verify(None, stack, self.work / f"{stack}-host.log", host=True))
+        if not self.args.keep_images:
+            self.rmi(tag)
+        return out
+
+    def host(self, stack: str) -> list[dict]:
+        log = self.work / f"{stack}-host.log"
+        self.log(f"{stack}: host runs x{self.args.repeat}")
+        return [self.verify(None, stack, log, host=True) for _ in range(self.args.repeat)]
+
+    def render(self) -> dict:
+        self.log(f"render: every preset x{self.args.render_repeat}")
+        out = {}
+        for recipe in sorted((REPO / "recipes").glob("*.yaml")):
+            folder = self.work / "render" / recipe.stem
+            times = []
+            for _ in range(self.args.render_repeat):
+                seconds, _ = run([self.py, "-m", "envbuilder", "build", str(recipe), "--no-build",
+                                  "--out", str(folder)], self.work / "render.log")
+                times.append(seconds)
+            out[recipe.name] = {"median_s": round(statistics.median(times), 3),
+                                "max_s": round(max(times), 3), "runs": len(times)}
+        return out
+
+
+def trains(report: dict) -> bool:
+    """The image really trained: every train.* and horovod.operations check passed, none failed."""
+    checks = report.get("checks") or []
+    train = [c for c in checks if c["name"].startswith("train.")]
+    return bool(train) and all(c["status"] == "pass" for c in train) and report.get("ok") is True
+
+
+def step_ms(report: dict) -> float | None:
+    """Median over ranks and launchers (mpi, gloo) of the smoke training's step time."""
+    values = [r["data"]["step_ms"] for c in report.get("checks") or [] if c["name"].startswith("perf.step.")
+              for r in (c.get("ranks") or {}).values() if (r.get("data") or {}).get("step_ms")]
+    return round(statistics.median(values), 3) if values else None
+
+
+# ---- summarising ----------------------------------------------------------------------------
+
+def summarize(results: dict) -> list[dict]:
+    """One row per stack and builder, from the raw results."""
+    rows = []
+    for stack, per in results.get("stacks", {}).items():
+        host_steps = [r["step_ms"] for r in per.get("host", []) if r.get("step_ms")]
+        host_step = statistics.median(host_steps) if host_steps else None
+        for builder in BUILDERS:
+            raw = per.get("builders", {}).get(builder)
+            if not raw:
+                continue
+            payload = raw["payload"]["total"]
+            verifies = raw.get("verify") or []
+            walls = [v["wall_s"] for v in verifies]
+            steps = [v["step_ms"] for v in verifies if v.get("step_ms")]
+            step = statistics.median(steps) if steps else None
+            cold = raw.get("cold_s")
+            row = {
+                "stack": stack, "builder": builder,
+                "size_mb": round(raw["size_bytes"] / 1e6),
+                "payload_mb": round(payload / 1e6),
+                "ratio": round(raw["size_bytes"] / payload, 3),
+                "cold_s": cold,
+                "rebuild_s": raw.get("rebuild_s"),
+                "rebuild_share": round(raw["rebuild_s"] / cold, 3) if cold else None,
+                "tool_s": raw.get("rebuild_tool_s"),
+                "verify_s": round(statistics.median(walls), 1) if walls else None,
+                "verify_ok": bool(verifies) and all(v["ok"] for v in verifies),
+                "trains": bool(verifies) and all(v["trains"] for v in verifies),
+                "step_ms": round(step, 1) if step else None,
+                "host_step_ms": round(host_step, 1) if host_step else None,
+                "overhead": round(step / host_step, 3) if step and host_step else None,
+            }
+            rows.append(row)
+    for stack in {r["stack"] for r in rows}:
+        mine = [r for r in rows if r["stack"] == stack]
+        smallest = min(r["size_mb"] for r in mine)
+        for r in mine:
+            r["smallest"] = r["size_mb"] == smallest
+    return rows
+
+
+def _fmt(value, fmt="{}", none="-"):
+    return none if value is None else fmt.format(value)
+
+
+def format_table(results: dict) -> str:
+    rows = summarize(results)
+    lines = [
+        "| stack | builder | image MB | payload MB | ratio | cold s | rebuild s | rebuild/cold | "
+        "verify s | trains | step ms (container / host) | overhead |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for r in rows:
+        lines.append("| {stack} | {builder} | {size} | {payload} | {ratio} | {cold} | {rebuild} | {share} | "
+                     "{verify} | {trains} | {step} | {overhead} |".format(
+                         stack=r["stack"], builder=r["builder"],
+                         size=f"**{r['size_mb']}**" if r["smallest"] else r["size_mb"],
+                         payload=r["payload_mb"], ratio=f"{r['ratio']:.3f}",
+                         cold=_fmt(r["cold_s"], "{:.0f}"), rebuild=_fmt(r["rebuild_s"], "{:.0f}"),
+                         share=_fmt(r["rebuild_share"], "{:.1%}"), verify=_fmt(r["verify_s"], "{:.1f}"),
+                         trains="yes" if r["trains"] else "NO",
+                         step=f"{_fmt(r['step_ms'], '{:.1f}')} / {_fmt(r['host_step_ms'], '{:.1f}')}",
+                         overhead=_fmt(r["overhead"], "{:.3f}")))
+    render = results.get("render") or {}
+    if render:
+        lines += ["", "| preset | `build --no-build` median s | max s | runs |", "|---|---:|---:|---:|"]
+        for name, r in sorted(render.items()):
+            lines.append(f"| {name} | {r['median_s']:.2f} | {r['max_s']:.2f} | {r['runs']} |")
+    return "\n".join(lines)
+
+
+def goals(results: dict) -> list[str]:
+    """envbuilder's goals, each 'ok' or 'MISSED', for the closing lines."""
+    out = []
+    for r in summarize(results):
+        if r["builder"] != "envbuilder":
+            continue
+        s = r["stack"]
+        out.append(f"{s}: ratio {r['ratio']:.3f} <= {GOALS['ratio']} and smallest: "
+                   + ("ok" if r["ratio"] <= GOALS["ratio"] and r["smallest"] and r["trains"] else "MISSED"))
+        if r["rebuild_share"] is not None:
+            out.append(f"{s}: rebuild {r['rebuild_share']:.1%} of cold <= {GOALS['rebuild_share']:.0%}: "
+                       + ("ok" if r["rebuild_share"] <= GOALS["rebuild_share"] else "MISSED"))
+        if r["verify_s"] is not None:
+            out.append(f"{s}: verify {r['verify_s']:.1f} s <= {GOALS['verify_s']:.0f} s: "
+                       + ("ok" if r["verify_s"] <= GOALS["verify_s"] else "MISSED"))
+        if r["overhead"] is not None:
+            out.append(f"{s}: container overhead {r['overhead']:.3f} <= {GOALS['overhead']}: "
+                       + ("ok" if r["overhead"] <= GOALS["overhead"] else "MISSED"))
+    for name, r in sorted((results.get("render") or {}).items()):
+        if r["median_s"] > GOALS["render_s"]:
+            out.append(f"render {name}: {r['median_s']:.2f} s > {GOALS['render_s']} s: MISSED")
+    if results.get("render"):
+        worst = max(r["median_s"] for r in results["render"].values())
+        out.append(f"render: slowest preset {worst:.2f} s <= {GOALS['render_s']} s: "
+                   + ("ok" if worst <= GOALS["render_s"] else "MISSED"))
+    return out
+
+
+def fake_results() -> dict:
+    """Made-up measurements in the shape a real run writes (for --dry-run and the tests)."""
+    def builder(size, payload, cold, rebuild, step):
+        verify = [{"wall_s": w, "ok": True, "summary": {}, "trains": True, "step_ms": step, "load": [0.5, 0.6]}
+                  for w in (40.0, 41.0, 39.0)]
+        return {"size_bytes": size, "payload": {"total": payload}, "cold_s": cold, "rebuild_s": rebuild,
+                "rebuild_tool_s": 8.0, "verify": verify}
+    host = [{"step_ms": 50.0, "wall_s": 30.0, "ok": True}]
+    return {"machine": {"cpus": 2}, "stacks": {"torch": {"host": host, "builders": {
+        "envbuilder": builder(1_150_000_000, 1_100_000_000, 600.0, 60.0, 51.0),
+        "hpccm": builder(1_300_000_000, 1_150_000_000, 650.0, 90.0, 51.5),
+        "plain": builder(1_600_000_000, 1_150_000_000, 620.0, 30.0, 52.0)}}},
+        "render": {"cpu-torch.yaml": {"median_s": 0.6, "max_s": 0.7, "runs": 5}}}
+
+
+# ---- command line ---------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--stacks", default="torch,tf")
+    p.add_argument("--builders", default=",".join(BUILDERS))
+    p.add_argument("--cold", dest="cold", action="store_true", default=True,
+                   help="first build with --no-cache (default)")
+    p.add_argument("--no-cold", dest="cold", action="store_false",
+                   help="first build from the cache (fast; no cold figure)")
+    p.add_argument("--repeat", type=int, default=3, help="verify/host runs per image (median)")
+    p.add_argument("--render-repeat", type=int, default=5)
+    p.add_argument("--render-only", action="store_true")
+    p.add_argument("--no-render", action="store_true")
+    p.add_argument("--ca-bundle", default=os.environ.get("ENVBUILDER_CA_BUNDLE",
+                                                         "/etc/ssl/certs/ca-certificates.crt"))
+    p.add_argument("--wheelhouse", default=os.environ.get("ENVBUILDER_WHEELHOUSE", "/opt/wheels"))
+    p.add_argument("--hpccm", default=shutil.which("hpccm") or "hpccm", help="the hpccm command")
+    p.add_argument("--host-python", default=HOST_PYTHON,
+                   help="interpreter with torch/TF + Horovod for the host step time")
+    p.add_argument("--workdir", help="build contexts and logs (default: a temporary folder)")
+    p.add_argument("--keep-images", action="store_true")
+    p.add_argument("--out", default=str(BENCH / "results.json"), help="results JSON (merged per stack)")
+    p.add_argument("--table", metavar="JSON", help="print the table of saved results and stop")
+    p.add_argument("--dry-run", action="store_true", help="the table from fake measurements; builds nothing")
+    args = p.parse_args(argv)
+
+    if args.table or args.dry_run:
+        results = fake_results() if args.dry_run else json.loads(Path(args.table).read_text())
+        print(format_table(results))
+        print("\n".join(goals(results)))
+        return 0
+
+    out = Path(args.out)
+    results = json.loads(out.read_text()) if out.exists() else {}
+    results.setdefault("stacks", {})
+    bench = Bench(args)
+    results["machine"] = machine()
+    results["machine"]["load_at_start"] = list(os.getloadavg())
+
+    def save():
+        results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        out.write_text(json.dumps(results, indent=1) + "\n")
+
+    if not args.no_render:
+        results["render"] = bench.render()
+        save()
+    if not args.render_only:
+        for stack in args.stacks.split(","):
+            per = results["stacks"].setdefault(stack, {})
+            per.setdefault("builders", {})
+            for builder in args.builders.split(","):
+                per["builders"][builder] = bench.builder(stack, builder)
+                save()
+            per["host"] = [h for b in per["builders"].values() for h in b.get("host", [])] or bench.host(stack)
+            save()
+    print(format_table(results))
+    print("\n".join(goals(results)))
+    print(f"\nresults: {out}; logs and contexts: {bench.work}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""The benchmark script's own code: its table, goals and JSON from measurements (no builds, no
+timing), and the payload measurement on a real virtual environment."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import venv
+
+from conftest import ROOT
+
+BENCH = ROOT / "bench" / "bench.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("envbuilder_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dry_run_prints_the_table_and_the_goals():
+    proc = subprocess.run([sys.executable, str(BENCH), "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("| stack | builder | image MB | payload MB | ratio |")
+    assert any(l.startswith("| torch | envbuilder | **1150** | 1100 | 1.045 | 600 | 60 | 10.0% |") for l in lines)
+    assert "torch: ratio 1.045 <= 1.15 and smallest: ok" in lines
+    assert "torch: rebuild 10.0% of cold <= 15%: ok" in lines
+    assert "render: slowest preset 0.60 s <= 1.0 s: ok" in lines
+
+
+def test_summary_marks_the_smallest_and_a_missed_goal(tmp_path):
+    bench = _bench()
+    results = bench.fake_results()
+    env = results["stacks"]["torch"]["builders"]["envbuilder"]
+    env["size_bytes"] = 1_700_000_000            # now the largest, ratio 1.545
+    env["rebuild_s"] = 300.0                     # half of the cold build
+    env["verify"][0]["trains"] = False           # one verify run did not train
+    rows = {r["builder"]: r for r in bench.summarize(results)}
+    assert rows["hpccm"]["smallest"] and not rows["envbuilder"]["smallest"]
+    assert rows["envbuilder"]["ratio"] == 1.545 and rows["envbuilder"]["rebuild_share"] == 0.5
+    assert rows["envbuilder"]["trains"] is False
+    assert rows["envbuilder"]["overhead"] == 1.02          # median 51.0 ms / host 50.0 ms
+    goals = bench.goals(results)
+    assert "torch: ratio 1.545 <= 1.15 and smallest: MISSED" in goals
+    assert "torch: rebuild 50.0% of cold <= 15%: MISSED" in goals
+    saved = tmp_path / "results.json"
+    saved.write_text(json.dumps(results))
+    proc = subprocess.run([sys.executable, str(BENCH), "--table", str(saved)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and "| torch | envbuilder | 1700 |" in proc.stdout and "| NO |" in proc.stdout
+
+
+def test_step_time_and_training_come_from_the_smoke_report():
+    bench = _bench()
+    rank = lambda ms: {"status": "pass", "data": {"step_ms": ms}}   # noqa: E731
+    report = {"ok": True, "checks": [
+        {"name": "train.pytorch[mpi]", "status": "pass"},
+        {"name": "perf.step.pytorch[mpi]", "status": "pass", "ranks": {"0": rank(80.0), "1": rank(90.0)}},
+        {"name": "train.pytorch[gloo]", "status": "pass"},
+        {"name": "perf.step.pytorch[gloo]", "status": "pass", "ranks": {"0": rank(100.0), "1": rank(300.0)}},
+    ]}
+    assert bench.step_ms(report) == 95.0
+    assert bench.trains(report)
+    report["checks"][2]["status"] = "fail"
+    assert not bench.trains(report)
+    assert not bench.trains({"ok": True, "checks": [{"name": "versions.python", "status": "pass"}]})
+
+
+def test_payload_of_a_virtual_environment(tmp_path):
+    env = tmp_path / "venv"
+    venv.create(env, with_pip=False)
+    (env / "payload-marker.bin").write_bytes(b"x" * 100_000)
+    proc = subprocess.run([str(env / "bin" / "python"), str(ROOT / "bench" / "payload.py")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["env_roots"] == [str(env)]
+    assert data["bytes"]["venv"] >= 100_000
+    assert data["bytes"]["python"] > 1_000_000                  # interpreter + standard library
+    assert data["total"] == sum(data["bytes"].values())

@@ -19,7 +19,7 @@ def install(stack: Stack) -> list:
         Step("smoke", "make the smoke suite importable as `python -m envbuilder_smoke`", [
             f"{py} -c 'import sysconfig; "
             f"open(sysconfig.get_paths()[\"purelib\"] + \"/envbuilder.pth\", \"w\").write(\"{PREFIX}\\n\")'",
-            f"{py} -m {SMOKE_DIR} --help > /dev/null",
+            f"{py} -B -m {SMOKE_DIR} --help > /dev/null",   # -B: no .pyc with build times
         ]),
     ]
 

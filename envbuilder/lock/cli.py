@@ -182,7 +182,7 @@ def explain_build_failure(log_lines: list[str], lock) -> str | None:
     for n, line in enumerate(lines):
         if "DO NOT MATCH THE HASHES" in line:
             for nxt in lines[n + 1:n + 4]:
-                m = re.match(r"^(\S+) from (\S+?)(#\S*)?:?$", nxt)
+                m = re.match(r"^(\S+) from (\S+?)(#\S*)?(:$| \(from )", nxt)
                 if m:
                     fname = m.group(2).rsplit("/", 1)[-1].replace("%2B", "+")
                     got = next((re.search(r"Got\s+([0-9a-f]{64})", l) for l in lines[n:n + 8]

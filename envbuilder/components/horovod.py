@@ -11,6 +11,17 @@ from .python import locked_env, pip, python_exe
 REQUIRES = ["cloudpickle==3.0.0", "packaging==24.0", "psutil==5.9.8", "PyYAML==6.0.1"]
 
 
+def requirements(stack: Stack) -> list[str]:
+    """What Horovod needs at run time. horovod.torch's broadcast_object (used by
+    broadcast_optimizer_state) turns tensors into bytes with `.numpy()` on every non-root rank,
+    but the torch wheel does not bring numpy: without it rank 1 fails and rank 0 waits for ever
+    (seen here with torch 2.13.0+cpu). TensorFlow brings its own numpy."""
+    reqs = list(REQUIRES)
+    if stack.spec.framework.family == "pytorch":
+        reqs.append("numpy==1.26.4" if tuple(int(p) for p in stack.python.split(".")) <= (3, 12) else "numpy==2.1.3")
+    return reqs
+
+
 def build_flags(stack: Stack) -> dict[str, str]:
     hv, fw = stack.spec.horovod, stack.spec.framework
     flags = {
@@ -61,7 +72,7 @@ def devel_steps(stack: Stack) -> list[Step]:
     if stack.lock:
         cmds += locked + [f"{pip(stack)} --no-build-isolation --no-deps {folder}"]
     else:
-        cmds += [f"{pip(stack)} {' '.join(REQUIRES)}", f"{pip(stack)} --no-build-isolation {folder}"]
+        cmds += [f"{pip(stack)} {' '.join(requirements(stack))}", f"{pip(stack)} --no-build-isolation {folder}"]
     # Horovod's setup.py always compiles RelWithDebInfo: its extension carries ~60 MB of DWARF
     # (67 MB -> 2 MB for the torch one). Symbols stay, so backtraces still name functions.
     cmds.append(f"find \"$({python_exe(stack)} -c 'import sysconfig; print(sysconfig.get_paths()[\"platlib\"])')/horovod\" "

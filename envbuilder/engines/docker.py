@@ -95,6 +95,30 @@ def _failed_step(log_lines: list[str]) -> str:
     return "the build"
 
 
+TRANSIENT = ("no active session for", "context canceled")
+
+
+def _transient(lines: list[str]) -> bool:
+    tail = "\n".join(lines[-20:])
+    return any(marker in tail for marker in TRANSIENT)
+
+
+def _run_build(cmd: list[str], env: dict, log, quiet: bool, shown_steps: set[str]) -> tuple[int, list[str]]:
+    """Run one build, streaming BuildKit's plain log to ``log`` and new step lines to stderr."""
+    lines: list[str] = []
+    log.write("$ " + " ".join(cmd) + "\n")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, errors="replace")
+    for line in proc.stdout:
+        log.write(line)
+        lines.append(line.rstrip("\n"))
+        step = STEP_RE.match(line)
+        if not quiet and step and step.group(1) not in shown_steps:
+            shown_steps.add(step.group(1))
+            print(f"  [{step.group(1)}] {step.group(2)[:120]}", file=sys.stderr, flush=True)
+    return proc.wait(), lines
+
+
 def build(folder: Path, output, args) -> dict:
     ca = args.ca_bundle or os.environ.get("ENVBUILDER_CA_BUNDLE")
     wheelhouse = args.wheelhouse or os.environ.get("ENVBUILDER_WHEELHOUSE")
@@ -112,21 +136,17 @@ def build(folder: Path, output, args) -> dict:
     quiet = getattr(args, "json", False)
     env = dict(os.environ, DOCKER_BUILDKIT="1")
     started = time.monotonic()
-    lines: list[str] = []
     shown_steps: set[str] = set()
     try:
         with open(log_path, "w", encoding="utf-8") as log:
-            log.write("$ " + " ".join(cmd) + "\n")
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    env=env, errors="replace")
-            for line in proc.stdout:
-                log.write(line)
-                lines.append(line.rstrip("\n"))
-                step = STEP_RE.match(line)
-                if not quiet and step and step.group(1) not in shown_steps:
-                    shown_steps.add(step.group(1))
-                    print(f"  [{step.group(1)}] {step.group(2)[:120]}", file=sys.stderr, flush=True)
-            code = proc.wait()
+            code, lines = _run_build(cmd, env, log, quiet, shown_steps)
+            if code != 0 and _transient(lines):
+                # BuildKit in Docker 20.10 drops a build's session under heavy load ("no active
+                # session", "context canceled"); the same build then passes from the cache.
+                log.write("\n# envbuilder: BuildKit lost its session; building once more\n")
+                if not quiet:
+                    print("  BuildKit lost its session; retrying once (cached steps are kept)", file=sys.stderr)
+                code, lines = _run_build(cmd, env, log, quiet, shown_steps)
     finally:
         shutil.rmtree(context, ignore_errors=True)
     seconds = time.monotonic() - started

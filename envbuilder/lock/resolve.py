@@ -37,7 +37,7 @@ def pip_groups(stack) -> dict[str, list[str]]:
     if not stack.framework_from_base:
         groups["framework"] = [stack.framework_requirement]
     if stack.horovod_sdist:
-        groups["horovod"] = list(horovod.REQUIRES)
+        groups["horovod"] = horovod.requirements(stack)
     if stack.spec.packages.pip:
         groups["packages"] = sorted(stack.spec.packages.pip, key=str.lower)
     return groups

@@ -371,3 +371,68 @@ def test_conda_without_a_lock_renders_a_step_that_says_so(cli, tmp_path):
     assert r.code == 0, r.err
     text = (tmp_path / "o" / "Dockerfile").read_text()
     assert "conda packages are installed from envbuilder.lock" in text and "exit 1" in text
+
+
+# --- base images: the registry API (a registry of our own on 127.0.0.1) ---------------------------
+
+def test_a_tag_resolves_to_the_registry_digest_with_an_anonymous_token():
+    """The Registry HTTP API v2 flow envbuilder uses when the engine does not hold the image:
+    HEAD the manifest, get 401 + a Bearer challenge, fetch an anonymous token, HEAD again and read
+    Docker-Content-Digest. No registry is reachable from here, so a minimal one runs on loopback."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from envbuilder.errors import CheckFailed
+    from envbuilder.lock.base import registry_digest, resolve_base, split_reference
+
+    digest = "sha256:" + "ab" * 32
+    seen = []
+
+    class Registry(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):           # the token service
+            seen.append(("GET", self.path))
+            body = json.dumps({"token": "t0k"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_HEAD(self):
+            seen.append(("HEAD", self.path, self.headers.get("Authorization"), self.headers.get("Accept")))
+            if self.headers.get("Authorization") != "Bearer t0k":
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Bearer realm="http://127.0.0.1:{port}/token",'
+                                 'service="registry.test",scope="repository:team/cuda:pull"')
+            elif self.path == "/v2/team/cuda/manifests/12.2":
+                self.send_response(200)
+                self.send_header("Docker-Content-Digest", digest)
+            else:
+                self.send_response(404)
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ref = f"127.0.0.1:{port}/team/cuda:12.2"
+        assert split_reference(ref) == (f"127.0.0.1:{port}", "team/cuda", "12.2")
+        assert registry_digest(ref) == digest
+        assert resolve_base(ref) == {"ref": ref, "digest": digest, "kind": "repo-digest", "pinned": f"{ref}@{digest}"}
+        token = [s for s in seen if s[0] == "GET"][0][1]
+        assert "scope=repository%3Ateam%2Fcuda%3Apull" in token and "service=registry.test" in token
+        assert "manifest.list.v2+json" in seen[0][3]
+        with pytest.raises(CheckFailed) as exc:
+            registry_digest(f"127.0.0.1:{port}/team/cuda:99.9")
+        assert "answered 404" in exc.value.reason
+    finally:
+        server.shutdown()
+    with pytest.raises(CheckFailed) as exc:       # nothing listens there any more
+        registry_digest(f"127.0.0.1:{port}/team/cuda:12.2", timeout=5)
+    assert "cannot reach" in exc.value.reason and "docker pull" in exc.value.fix
+    assert split_reference("nvidia/cuda:11.8.0-devel-ubuntu22.04") == (
+        "registry-1.docker.io", "nvidia/cuda", "11.8.0-devel-ubuntu22.04")
+    assert split_reference("debian") == ("registry-1.docker.io", "library/debian", "latest")
+    assert split_reference("nvcr.io/nvidia/tensorflow:24.01-tf2-py3")[:2] == ("nvcr.io", "nvidia/tensorflow")

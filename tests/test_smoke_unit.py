@@ -270,3 +270,28 @@ def test_operations_check_needs_built_and_used():
 def test_table_shows_failure_detail():
     text = common.format_table([_res("a", "pass", "1 ms"), _res("b", "fail", "", "rank 1 crashed")])
     assert "rank 1 crashed" in text and "FAIL" in text
+
+
+def test_os_package_drift_is_named():
+    from envbuilder.smoke.static import check_os_packages
+
+    installed = {"bash": "5.2.15-2+b2", "libopenmpi3": "4.1.4-3+b1"}
+    ok = check_os_packages({"apt": {"bash": "5.2.15-2+b2"}}, installed)
+    assert ok["status"] == "pass" and ok["name"] == "versions.apt"
+    bad = check_os_packages({"apt": {"bash": "5.2.15-2+b2", "libopenmpi3": "4.1.5-1", "curl": "7.88"}}, installed)
+    assert bad["status"] == "fail"
+    assert "libopenmpi3 4.1.4-3+b1 installed, lock has 4.1.5-1" in bad["detail"]
+    assert "curl missing (lock 7.88)" in bad["detail"]
+    assert check_os_packages({}, installed)["status"] == "skip"
+
+
+def test_os_packages_read_from_this_machines_dpkg():
+    import shutil
+
+    from envbuilder.smoke.static import check_os_packages, installed_os_packages
+
+    if not shutil.which("dpkg-query"):
+        pytest.skip("no dpkg here")
+    have = installed_os_packages()
+    assert have and "dpkg" in have
+    assert check_os_packages({"apt": {"dpkg": have["dpkg"]}})["status"] == "pass"

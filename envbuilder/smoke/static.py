@@ -379,6 +379,42 @@ def check_packages(expect):
     return result("versions.packages", PASS, ", ".join(good), figure="%d pinned" % len(good))
 
 
+def installed_os_packages():
+    """name -> version of every installed Debian package (dpkg), or None without dpkg."""
+    import subprocess
+    try:
+        out = subprocess.run(["dpkg-query", "-W", "-f=${Package} ${Version}\\n"],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             universal_newlines=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    have = {}
+    for line in out.splitlines():
+        name, _, version = line.partition(" ")
+        have[name.split(":")[0]] = version
+    return have
+
+
+def check_os_packages(expect, installed=None):
+    """The OS packages the lock pinned for the final stage are installed at those versions."""
+    pins = expect.get("apt") or {}
+    if not pins:
+        return result("versions.apt", SKIP, "manifest pins no OS packages (no lock)")
+    have = installed if installed is not None else installed_os_packages()
+    if have is None:
+        return result("versions.apt", SKIP, "no dpkg-query in this image")
+    bad = []
+    for name, want in sorted(pins.items()):
+        got = have.get(name)
+        if got is None:
+            bad.append("%s missing (lock %s)" % (name, want))
+        elif got != want:
+            bad.append("%s %s installed, lock has %s" % (name, got, want))
+    if bad:
+        return result("versions.apt", FAIL, "; ".join(bad[:20]), figure="%d drifted" % len(bad))
+    return result("versions.apt", PASS, "%d OS packages as locked" % len(pins), figure="%d pinned" % len(pins))
+
+
 def check_locale():
     lang = os.environ.get("LC_ALL") or os.environ.get("LC_CTYPE") or os.environ.get("LANG")
     enc = locale.getpreferredencoding(False)
@@ -444,6 +480,7 @@ def run_static(expect):
     timed(check_mpi, expect)
     timed(check_cuda_stack, expect, fw_mod, binding)
     timed(check_packages, expect)
+    timed(check_os_packages, expect)
     timed(check_locale)
     timed(check_user_site)
     return out

@@ -137,3 +137,22 @@ def smoke_python() -> Optional[str]:
     if explicit:
         return explicit
     return SMOKE_VENV_PYTHON if os.access(SMOKE_VENV_PYTHON, os.X_OK) else None
+
+
+# --------------------------------------------------------------------------- torch wheelhouse
+TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+
+
+def wheelhouse() -> str:
+    """The folder holding the torch CPU wheel: pip's configured find-links (ENVIRONMENT.md)."""
+    from pathlib import Path
+
+    candidates = ["/opt/wheels"]
+    proc = subprocess.run(["python3", "-m", "pip", "config", "list"], capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if "find-links" in line:
+            candidates.append(line.split("=", 1)[1].strip().strip("'\""))
+    for folder in candidates:
+        if (Path(folder) / TORCH_WHEEL).is_file():
+            return folder
+    pytest.fail(f"{TORCH_WHEEL} not found in pip's find-links folder (ENVIRONMENT.md)")

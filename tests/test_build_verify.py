@@ -12,24 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import base_image, docker_cli, require_docker
+from infra import base_image, docker_cli, require_docker, wheelhouse
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
-
-
-def pip_wheelhouse() -> str | None:
-    """The folder pip's configuration names as find-links (holds the torch CPU wheel here)."""
-    proc = subprocess.run(["python3", "-m", "pip", "config", "list"], capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if "find-links" in line:
-            folder = line.split("=", 1)[1].strip().strip("'\"")
-            if (Path(folder) / TORCH_WHEEL).is_file():
-                return folder
-    for folder in ("/opt/wheels",):
-        if (Path(folder) / TORCH_WHEEL).is_file():
-            return folder
-    return None
 
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -58,11 +43,8 @@ def build(recipe: Path, out: Path, ca: Path, *extra: str):
 
 @pytest.fixture(scope="module")
 def torch_image(tmp_path_factory, ca_bundle):
-    wheelhouse = pip_wheelhouse()
-    if wheelhouse is None:
-        pytest.fail(f"{TORCH_WHEEL} not found in pip's find-links folder (ENVIRONMENT.md)")
     out = tmp_path_factory.mktemp("torch") / "cpu-torch"
-    r = build(RECIPES / "cpu-torch.yaml", out, ca_bundle, "--wheelhouse", wheelhouse)
+    r = build(RECIPES / "cpu-torch.yaml", out, ca_bundle, "--wheelhouse", wheelhouse())
     assert r.code == 0, r.err[-3000:]
     info = json.loads((out / "image.json").read_text())
     yield out, info, r
@@ -190,7 +172,7 @@ def test_unresolvable_package_fails_at_the_lock_step_and_keeps_outputs(torch_ima
     spec.write_text(text.replace("name: cpu-torch-horovod", "name: cpu-torch-broken")
                     + "packages: {pip: [\"envbuilder-no-such-package==9.9.9\"]}\n")
     out = tmp_path / "out"
-    r = build(spec, out, ca_bundle, "--wheelhouse", pip_wheelhouse())
+    r = build(spec, out, ca_bundle, "--wheelhouse", wheelhouse())
     assert r.code == 1, r.err[-2000:]
     assert "error: lock: pip:" in r.err and "envbuilder-no-such-package==9.9.9" in r.err
     assert "fix:" in r.err and "Traceback" not in r.err

@@ -16,23 +16,9 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, ROOT, run_envbuilder
-from infra import base_image, require_docker
+from infra import TORCH_WHEEL, base_image, require_docker, wheelhouse
 
-TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 CONDA_DATA = ROOT / "tests" / "data" / "conda"
-
-
-def wheelhouse() -> str:
-    for folder in ("/opt/wheels",):
-        if (Path(folder) / TORCH_WHEEL).is_file():
-            return folder
-    proc = subprocess.run(["python3", "-m", "pip", "config", "list"], capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if "find-links" in line:
-            folder = line.split("=", 1)[1].strip().strip("'\"")
-            if (Path(folder) / TORCH_WHEEL).is_file():
-                return folder
-    pytest.fail(f"{TORCH_WHEEL} not found in pip's find-links folder (ENVIRONMENT.md)")
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_envbuilder
-from infra import base_image, docker_cli, require_docker
-from test_lock import relock, wheelhouse
+from infra import base_image, docker_cli, require_docker, wheelhouse
+from test_lock import relock
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 SPEC = """\

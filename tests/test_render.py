@@ -4,11 +4,9 @@ directory, time zone or locale; images/ holds them up to date."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 

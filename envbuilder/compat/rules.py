@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import EnvbuilderError, SpecErrors
+from ..errors import SpecErrors
 from ..spec import Spec
 from ..versions import cmp, major, matches, minor, release, satisfies
 from .catalog import Catalog, load_catalog

@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import CheckFailed, EnvbuilderError
 from .model import LOCK_NAME, LockError, dump, load
 
 

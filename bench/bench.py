@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -45,6 +46,9 @@ STACKS = {
 BUILDERS = ("envbuilder", "hpccm", "plain")
 PIN_BEFORE, PIN_AFTER = "six==1.16.0", "six==1.17.0"
 HOST_PYTHON = "/work/venv-smoke/bin/python"
+# A build that fails with one of these lost the engine, not a step: BuildKit 20.10's client session
+# under load (moby/buildkit#2367), or dockerd restarted by someone else on a shared machine.
+LOST_ENGINE = ("no active session", "unexpected EOF", "Cannot connect to the Docker daemon")
 GOALS = {"ratio": 1.15, "rebuild_share": 0.15, "verify_s": 60.0, "overhead": 1.05, "render_s": 1.0}
 
 
@@ -165,14 +169,35 @@ class Bench:
         self._wheels(ctx)
         return ctx, tool_s
 
-    def build(self, ctx: Path, tag: str, log: Path, no_cache: bool) -> float:
+    def build(self, ctx: Path, tag: str, log: Path, no_cache: bool) -> dict:
+        """Seconds and how many steps came from the cache. A build that lost the engine
+        (LOST_ENGINE) is retried once, with the same options (a --no-cache build stays cold),
+        and marked."""
         cmd = list(self.cli) + ["--progress=plain", "--tag", tag]
         if no_cache:
             cmd.append("--no-cache")
         if self.args.ca_bundle:
             cmd += ["--secret", f"id=ca,src={self.args.ca_bundle}"]
-        seconds, _ = run(cmd + [str(ctx)], log, env=self.env)
-        return seconds
+        retried = False
+        while True:
+            try:
+                seconds, out = run(cmd + [str(ctx)], log, env=self.env)
+                break
+            except RuntimeError as exc:
+                if retried or not any(m in str(exc) for m in LOST_ENGINE):
+                    raise
+                self.log("build lost its BuildKit session or the engine restarted; retrying once")
+                self.wait_for_engine()
+                retried = True
+        cached = cached_steps(out)
+        return {"s": round(seconds, 1), "cached_steps": cached, "retried": retried}
+
+    def wait_for_engine(self, seconds: int = 300) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if subprocess.run([self.cli[0], "info"], capture_output=True).returncode == 0:
+                return
+            time.sleep(5)
 
     def image_size(self, tag: str) -> int:
         out = subprocess.run([self.cli[0], "image", "inspect", "--format", "{{.Size}}", tag],
@@ -213,14 +238,17 @@ class Bench:
         out["tool_s"] = round(tool_s, 2)
         self.log(f"{stack}/{builder}: {'cold' if self.args.cold else 'cached'} build")
         out["cold_load"] = [load()]
-        seconds = self.build(ctx, tag, log, no_cache=self.args.cold)
+        first = self.build(ctx, tag, log, no_cache=self.args.cold)
         out["cold_load"].append(load())
-        out["cold_s" if self.args.cold else "first_build_s"] = round(seconds, 1)
+        out["first_build"] = first
+        if first["cached_steps"] == 0:
+            out["cold_s"] = first["s"]          # nothing came from the cache: a cold build
         ctx, tool_s = self.prepare(stack, builder, PIN_AFTER, log)
         out["rebuild_tool_s"] = round(tool_s, 2)
         self.log(f"{stack}/{builder}: rebuild after {PIN_BEFORE} -> {PIN_AFTER}")
         out["rebuild_load"] = [load()]
-        out["rebuild_s"] = round(self.build(ctx, tag, log, no_cache=False), 1)
+        out["rebuild"] = self.build(ctx, tag, log, no_cache=False)
+        out["rebuild_s"] = out["rebuild"]["s"]
         out["rebuild_load"].append(load())
         out["size_bytes"] = self.image_size(tag)
         out["payload"] = self.payload(tag, log)
@@ -255,6 +283,13 @@ class Bench:
         return out
 
 
+def cached_steps(log: str) -> int:
+    """Steps BuildKit took from its cache, FROM lines left out (a base image present locally is
+    always "CACHED", with --no-cache too)."""
+    headers = dict(re.findall(r"^#(\d+) \[[^\]]+\] (\S+)", log, flags=re.M))
+    return sum(1 for step in re.findall(r"^#(\d+) CACHED$", log, flags=re.M) if headers.get(step) != "FROM")
+
+
 def trains(report: dict) -> bool:
     """The image really trained: every train.* and horovod.operations check passed, none failed."""
     checks = report.get("checks") or []
@@ -277,7 +312,8 @@ def summarize(results: dict) -> list[dict]:
     for stack, per in results.get("stacks", {}).items():
         host_steps = [r["step_ms"] for r in per.get("host", []) if r.get("step_ms")]
         host_step = statistics.median(host_steps) if host_steps else None
-        for builder in BUILDERS:
+        names = [b for b in BUILDERS if b in per.get("builders", {})]
+        for builder in names + sorted(set(per.get("builders", {})) - set(BUILDERS)):
             raw = per.get("builders", {}).get(builder)
             if not raw:
                 continue
@@ -306,9 +342,10 @@ def summarize(results: dict) -> list[dict]:
             rows.append(row)
     for stack in {r["stack"] for r in rows}:
         mine = [r for r in rows if r["stack"] == stack]
-        smallest = min(r["size_mb"] for r in mine)
+        working = [r for r in mine if r["trains"]] or mine   # an image that cannot train does not count
+        smallest = min(r["size_mb"] for r in working)
         for r in mine:
-            r["smallest"] = r["size_mb"] == smallest
+            r["smallest"] = r["size_mb"] == smallest and r in working
     return rows
 
 

@@ -43,6 +43,8 @@ if framework == 'torch':
     fw_req = 'torch==2.13.0+cpu'
     hvd_env = 'HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1'
     # Horovod 0.28.1 compiles its torch extension as C++14; torch >= 2.1 needs C++17 (horovod#3996).
+    # numpy: the torch wheel does not bring it, and without it Horovod's broadcast_optimizer_state
+    # fails on rank 1 while rank 0 hangs (the first benchmark run of this recipe did exactly that).
     fix = ['sed -i "s/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/" '
            '/tmp/horovod-0.28.1/CMakeLists.txt /tmp/horovod-0.28.1/horovod/torch/CMakeLists.txt']
 else:
@@ -61,7 +63,7 @@ Stage0 += shell(_arguments=MOUNTS, commands=[  # noqa: F821
     VENV + '/bin/pip download --no-cache-dir --no-deps --no-binary :all: horovod==0.28.1 -d /tmp',
     'tar -xzf /tmp/horovod-0.28.1.tar.gz -C /tmp',
     *fix,
-    PIP + ' cloudpickle psutil pyyaml packaging',
+    PIP + ' cloudpickle psutil pyyaml packaging' + (' numpy' if framework == 'torch' else ''),
     hvd_env + ' HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MXNET=1 '
     + PIP + ' --no-build-isolation /tmp/horovod-0.28.1',
     'rm -rf /tmp/horovod-0.28.1 /tmp/horovod-0.28.1.tar.gz'])

@@ -82,3 +82,14 @@ def test_payload_of_a_virtual_environment(tmp_path):
     assert data["bytes"]["venv"] >= 100_000
     assert data["bytes"]["python"] > 1_000_000                  # interpreter + standard library
     assert data["total"] == sum(data["bytes"].values())
+
+
+def test_a_cold_build_is_one_where_only_the_base_came_from_the_cache():
+    bench = _bench()
+    log = "\n".join([
+        "#4 [devel 1/5] FROM docker.io/local/debian:bookworm", "#4 CACHED",
+        "#7 [devel 2/6] RUN apt-get update", "#7 DONE 80.1s",
+        "#9 [devel 4/6] RUN pip install torch", "#9 CACHED",
+    ])
+    assert bench.cached_steps(log) == 1
+    assert bench.cached_steps(log.replace("#9 CACHED", "#9 DONE 52.3s")) == 0

@@ -225,7 +225,11 @@ def test_build_prints_what_it_wrote(cli, tmp_path):
 
 
 def test_python_dash_m_and_console_script_agree():
-    exe = shutil.which("envbuilder")
+    import sys
+    from pathlib import Path
+
+    beside = Path(sys.executable).parent / "envbuilder"      # the venv's console script
+    exe = str(beside) if beside.is_file() else shutil.which("envbuilder")
     if exe is None:
         pytest.skip("console script not installed (pip install -e .)")
     proc = subprocess.run([exe, "--version"], capture_output=True, text=True)

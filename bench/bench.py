@@ -322,6 +322,8 @@ def summarize(results: dict) -> list[dict]:
             walls = [v["wall_s"] for v in verifies]
             steps = [v["step_ms"] for v in verifies if v.get("step_ms")]
             step = statistics.median(steps) if steps else None
+            own_host = [h["step_ms"] for h in raw.get("host") or [] if h.get("step_ms")]
+            host = statistics.median(own_host) if own_host else host_step   # its interleaved host runs
             cold = raw.get("cold_s")
             row = {
                 "stack": stack, "builder": builder,
@@ -336,8 +338,8 @@ def summarize(results: dict) -> list[dict]:
                 "verify_ok": bool(verifies) and all(v["ok"] for v in verifies),
                 "trains": bool(verifies) and all(v["trains"] for v in verifies),
                 "step_ms": round(step, 1) if step else None,
-                "host_step_ms": round(host_step, 1) if host_step else None,
-                "overhead": round(step / host_step, 3) if step and host_step else None,
+                "host_step_ms": round(host, 1) if host else None,
+                "overhead": round(step / host, 3) if step and host else None,
             }
             rows.append(row)
     for stack in {r["stack"] for r in rows}:

@@ -93,3 +93,13 @@ def test_a_cold_build_is_one_where_only_the_base_came_from_the_cache():
     ])
     assert bench.cached_steps(log) == 1
     assert bench.cached_steps(log.replace("#9 CACHED", "#9 DONE 52.3s")) == 0
+
+
+def test_a_rebuild_whose_pin_step_came_from_the_cache_is_flagged():
+    bench = _bench()
+    log = "\n".join([
+        "#11 [devel 6/6] RUN --mount=type=bind,source=pins/pip-packages.txt,target=/pins/pip-packages.txt pip",
+        "#11 CACHED", "#12 [runtime 3/7] COPY --from=devel /opt/venv /opt/venv", "#12 DONE 5.6s",
+    ])
+    assert bench.pin_step_cached(log)
+    assert not bench.pin_step_cached(log.replace("#11 CACHED", "#11 DONE 1.7s"))

@@ -27,7 +27,7 @@ PY = smoke_python()
 
 pytestmark = pytest.mark.skipif(
     not PY, reason="ENVBUILDER_SMOKE_PYTHON is not set (path to a Python with torch, tensorflow-cpu "
-                   "and Horovod; e.g. /work/venv-smoke/bin/python)")
+                   "and Horovod; e.g. /opt/envbuilder-smoke-venv/bin/python)")
 
 
 def manifest(framework: str, **over) -> dict:

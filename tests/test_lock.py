@@ -107,6 +107,9 @@ def test_build_no_build_renders_from_the_lock_byte_identically(torch_lock, tmp_p
     assert "--no-build-isolation --no-deps /tmp/horovod/horovod-0.28.1" in docker
     assert "SOURCE_DATE_EPOCH=" in docker
     assert "COPY pins /pins" not in docker                                     # bind mounts, not layers
+    lint = subprocess.run([shutil.which("hadolint") or "hadolint", "--no-color", "--format", "json",
+                           str(out / "Dockerfile")], capture_output=True, text=True)
+    assert json.loads(lint.stdout or "[]") == []                # with a lock: not even DL3008
     apptainer = (out / "Apptainer.def").read_text()
     assert "pins /pins" in apptainer and "rm -rf /pins" in apptainer
     lock = read(path)

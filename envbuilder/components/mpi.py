@@ -47,11 +47,10 @@ def devel_steps(stack: Stack) -> list[Step]:
         f"curl -fsSL --retry 3 -o /tmp/openmpi/{fname} {tar['url']}",
         f"echo '{tar['sha256']}  /tmp/openmpi/{fname}' | sha256sum -c -",
         f"tar -xjf /tmp/openmpi/{fname} -C /tmp/openmpi",
-        f"cd /tmp/openmpi/{folder}",
-        f"./configure --prefix={PREFIX} --with-slurm {pmi} --disable-man-pages --enable-shared --disable-static > /tmp/openmpi/configure.log",
-        "make -j\"$(nproc)\" > /tmp/openmpi/make.log",
-        "make install > /tmp/openmpi/install.log",
-        "cd /",
+        # env -C / make -C instead of `cd`: the step leaves the shell's directory alone (hadolint DL3003)
+        f"env -C /tmp/openmpi/{folder} ./configure --prefix={PREFIX} --with-slurm {pmi} --disable-man-pages --enable-shared --disable-static > /tmp/openmpi/configure.log",
+        f"make -C /tmp/openmpi/{folder} -j\"$(nproc)\" > /tmp/openmpi/make.log",
+        f"make -C /tmp/openmpi/{folder} install > /tmp/openmpi/install.log",
         "rm -rf /tmp/openmpi",
     ], network=True, notes=[f"source: {tar['url']} ({', '.join(tar['sources'])})"])]
 

@@ -7,8 +7,9 @@ For each stack (torch: recipes/cpu-torch.yaml, tf: recipes/cpu-tf.yaml) and each
             measured inside the image)
   cold      `docker build --no-cache` with the base image present (extra pip pin six==1.16.0)
   rebuild   the build after changing that one pin to six==1.17.0, with the cold build's cache
-  verify    `envbuilder verify --image TAG --ranks 2` wall time (median of --repeat runs), and
-            the smoke training's step time in the container / on the host (/opt/envbuilder-smoke-venv)
+  verify    `envbuilder verify --image TAG --ranks 2` wall time (median of --repeat runs)
+  overhead  the smoke training's step time in the container / on the host (/opt/envbuilder-smoke-venv):
+            --overhead-pairs pairs of runs (mpirun) in ABBA order, median of the pair ratios
   render    `envbuilder build PRESET --no-build` for every recipe (median of --render-repeat)
 
 All three builds run through the same BuildKit CLI, with the same CA secret and wheelhouse.
@@ -18,6 +19,7 @@ envbuilder's own steps before the docker build (lock, render) are timed separate
     python bench/bench.py --stacks torch --builders envbuilder
     python bench/bench.py --no-cold             # skip the cold builds (uses the cache)
     python bench/bench.py --render-only         # only the --no-build timings (seconds)
+    python bench/bench.py --overhead-only       # only the overhead pairs, images from the cache
     python bench/bench.py --table bench/results.json   # print the table of saved results
     python bench/bench.py --dry-run             # the table from fake measurements (tests)
 """
@@ -209,7 +211,7 @@ class Bench:
                      log, stdin=(BENCH / "payload.py").read_text())
         return json.loads(out.strip().splitlines()[-1])
 
-    def verify(self, tag: str | None, stack: str, log: Path, host: bool = False) -> dict:
+    def verify(self, tag: str | None, stack: str, log: Path, host: bool = False, launcher: str | None = None) -> dict:
         report = self.work / "verify-report.json"
         if report.exists():
             report.unlink()
@@ -220,6 +222,8 @@ class Bench:
         else:
             cmd = [self.py, "-m", "envbuilder", "verify", "--image", tag, "--runtime", "docker",
                    "--manifest", str(manifest)]
+        if launcher:
+            cmd += ["--launcher", launcher]
         started_load = load()
         seconds, _ = run(cmd + ["--ranks", "2", "--report", str(report)], log, check=False)
         data = json.loads(report.read_text()) if report.exists() else {}
@@ -262,9 +266,40 @@ class Bench:
             out["verify"].append(self.verify(tag, stack, log))
             if builder == "envbuilder":
                 out["host"].append(self.verify(None, stack, self.work / f"{stack}-host.log", host=True))
+        out["overhead"] = self.overhead(tag, stack, log)
         if not self.args.keep_images:
             self.rmi(tag)
         return out
+
+    def overhead(self, tag: str, stack: str, log: Path) -> dict:
+        """The smoke training's step time in the container against the host, in pairs run back to
+        back in ABBA order (container-host, host-container, ...), so that load that drifts during
+        the pairs hits both sides alike. mpirun only: a pair takes about 15 s here."""
+        n = self.args.overhead_pairs
+        self.log(f"{stack}: container overhead, {n} pairs")
+        host_log = self.work / f"{stack}-host.log"
+        pairs = []
+        for i in range(n):
+            sides = {}
+            for side in (("container", "host") if i % 2 == 0 else ("host", "container")):
+                run_ = self.verify(None if side == "host" else tag, stack, host_log if side == "host" else log,
+                                   host=side == "host", launcher="mpi")
+                sides[side] = run_["step_ms"]
+            pairs.append({"container_ms": sides["container"], "host_ms": sides["host"]})
+        return {"launcher": "mpi", "pairs": pairs, **overhead_figures(pairs)}
+
+    def overhead_of_cached(self, stack: str, builder: str) -> dict:
+        """Rebuild the image of an earlier run from the cache (its last pin) and measure the overhead."""
+        log = self.work / f"{stack}-{builder}.log"
+        tag = f"envbuilder-bench/{stack}-{builder}:latest"
+        ctx, _ = self.prepare(stack, builder, self.args.pins[1], log)
+        self.log(f"{stack}/{builder}: build from the cache")
+        self.build(ctx, tag, log, no_cache=False)
+        try:
+            return self.overhead(tag, stack, log)
+        finally:
+            if not self.args.keep_images:
+                self.rmi(tag)
 
     def host(self, stack: str) -> list[dict]:
         log = self.work / f"{stack}-host.log"
@@ -308,6 +343,16 @@ def trains(report: dict) -> bool:
     return bool(train) and all(c["status"] == "pass" for c in train) and report.get("ok") is True
 
 
+def overhead_figures(pairs: list[dict]) -> dict:
+    """Medians of each side and the median of the per-pair ratios container / host."""
+    ok = [p for p in pairs if p.get("container_ms") and p.get("host_ms")]
+    if not ok:
+        return {"container_ms": None, "host_ms": None, "ratio": None}
+    return {"container_ms": round(statistics.median(p["container_ms"] for p in ok), 2),
+            "host_ms": round(statistics.median(p["host_ms"] for p in ok), 2),
+            "ratio": round(statistics.median(p["container_ms"] / p["host_ms"] for p in ok), 3)}
+
+
 def step_ms(report: dict) -> float | None:
     """Median over ranks and launchers (mpi, gloo) of the smoke training's step time."""
     values = [r["data"]["step_ms"] for c in report.get("checks") or [] if c["name"].startswith("perf.step.")
@@ -336,6 +381,12 @@ def summarize(results: dict) -> list[dict]:
             own_host = [h["step_ms"] for h in raw.get("host") or [] if h.get("step_ms")]
             host = statistics.median(own_host) if own_host else host_step   # its interleaved host runs
             cold = raw.get("cold_s")
+            ratio = None
+            if (raw.get("overhead") or {}).get("ratio"):           # paired runs (ABBA): preferred
+                step, host = raw["overhead"]["container_ms"], raw["overhead"]["host_ms"]
+                ratio = raw["overhead"]["ratio"]
+            elif step and host:
+                ratio = step / host
             row = {
                 "stack": stack, "builder": builder,
                 "size_mb": round(raw["size_bytes"] / 1e6),
@@ -350,7 +401,7 @@ def summarize(results: dict) -> list[dict]:
                 "trains": bool(verifies) and all(v["trains"] for v in verifies),
                 "step_ms": round(step, 1) if step else None,
                 "host_step_ms": round(host, 1) if host else None,
-                "overhead": round(step / host, 3) if step and host else None,
+                "overhead": round(ratio, 3) if ratio else None,
             }
             rows.append(row)
     for stack in {r["stack"] for r in rows}:
@@ -450,6 +501,11 @@ def main(argv=None) -> int:
                    help="the extra pip pin before and after the rebuild (default %s,%s); pick a pair no "
                         "earlier run built, or the rebuild comes from the cache and is not counted" % PINS)
     p.add_argument("--repeat", type=int, default=3, help="verify/host runs per image (median)")
+    p.add_argument("--overhead-pairs", type=int, default=8,
+                   help="container/host pairs for the overhead figure (median of pair ratios)")
+    p.add_argument("--overhead-only", action="store_true",
+                   help="build each image from the cache (after an earlier run) and measure only the "
+                        "container overhead, merged into --out")
     p.add_argument("--render-repeat", type=int, default=5)
     p.add_argument("--render-only", action="store_true")
     p.add_argument("--no-render", action="store_true")
@@ -483,10 +539,18 @@ def main(argv=None) -> int:
         results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         out.write_text(json.dumps(results, indent=1) + "\n")
 
-    if not args.no_render:
+    if args.overhead_only:
+        for stack in args.stacks.split(","):
+            for builder in args.builders.split(","):
+                raw = results["stacks"].get(stack, {}).get("builders", {}).get(builder)
+                if raw is None:
+                    sys.exit(f"bench: no results for {stack}/{builder} in {out}: run the full benchmark first")
+                raw["overhead"] = bench.overhead_of_cached(stack, builder)
+                save()
+    elif not args.no_render:
         results["render"] = bench.render()
         save()
-    if not args.render_only:
+    if not args.render_only and not args.overhead_only:
         for stack in args.stacks.split(","):
             per = results["stacks"].setdefault(stack, {})
             per.setdefault("builders", {})

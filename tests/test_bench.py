@@ -103,3 +103,17 @@ def test_a_rebuild_whose_pin_step_came_from_the_cache_is_flagged():
     ])
     assert bench.pin_step_cached(log)
     assert not bench.pin_step_cached(log.replace("#11 CACHED", "#11 DONE 1.7s"))
+
+
+def test_overhead_is_the_median_of_pair_ratios_and_the_table_prefers_it():
+    bench = _bench()
+    pairs = [{"container_ms": 44.0, "host_ms": 40.0}, {"container_ms": 40.0, "host_ms": 42.0},
+             {"container_ms": 41.0, "host_ms": 41.0}, {"container_ms": None, "host_ms": 40.0}]
+    fig = bench.overhead_figures(pairs)
+    assert fig == {"container_ms": 41.0, "host_ms": 41.0, "ratio": 1.0}      # ratios 1.1, 0.952, 1.0
+    assert bench.overhead_figures([]) == {"container_ms": None, "host_ms": None, "ratio": None}
+    results = bench.fake_results()
+    results["stacks"]["torch"]["builders"]["envbuilder"]["overhead"] = {"pairs": pairs, **fig}
+    row = next(r for r in bench.summarize(results) if r["builder"] == "envbuilder")
+    assert (row["step_ms"], row["host_step_ms"], row["overhead"]) == (41.0, 41.0, 1.0)
+    assert "torch: container overhead 1.000 <= 1.05: ok" in bench.goals(results)

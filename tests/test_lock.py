@@ -425,3 +425,48 @@ def test_a_tag_resolves_to_the_registry_digest_with_an_anonymous_token():
         "registry-1.docker.io", "nvidia/cuda", "11.8.0-devel-ubuntu22.04")
     assert split_reference("debian") == ("registry-1.docker.io", "library/debian", "latest")
     assert split_reference("nvcr.io/nvidia/tensorflow:24.01-tf2-py3")[:2] == ("nvcr.io", "nvidia/tensorflow")
+
+
+def test_a_framework_dependency_pinned_in_packages_is_installed_over_and_earlier_layers_stay():
+    """Jinja2 needs MarkupSafe; a spec that pins an older MarkupSafe in its packages must not change
+    the framework group's pins (its layer and everything after it, e.g. Horovod's compile, stay
+    cached): the packages group installs MarkupSafe again over it, and says what it overrides."""
+    from envbuilder.lock import pip as pip_
+    from envbuilder.lock.model import Lock, LockError, check_entries
+
+    tgt = pip_.target("3.11", "2.36")
+    alone = pip_.resolve({"framework": ["Jinja2==3.1.4"]}, tgt)
+    both = pip_.resolve({"framework": ["Jinja2==3.1.4"], "packages": ["MarkupSafe==2.1.3", "six==1.16.0"]}, tgt)
+    assert both["framework"] == alone["framework"]
+    newest = next(e["version"] for e in alone["framework"] if e["name"].lower() == "markupsafe")
+    assert newest != "2.1.3"
+    packages = {e["name"].lower(): e for e in both["packages"]}
+    assert set(packages) == {"markupsafe", "six"}
+    assert packages["markupsafe"]["version"] == "2.1.3" and packages["markupsafe"]["overrides"] == newest
+    assert packages["markupsafe"]["requested"] and packages["six"]["requested"]
+    assert "overrides" not in packages["six"]
+    assert "MarkupSafe==2.1.3 --hash=sha256:" in pip_.requirements_text(both["packages"])
+
+    lock = Lock(name="t", inputs={}, pip=both)
+    check_entries(lock)
+    assert lock.pip_versions()["markupsafe"] == "2.1.3"                 # what the image ends with
+    assert sum(e["name"].lower() == "markupsafe" for e in lock.pip_entries()) == 1
+    del packages["markupsafe"]["overrides"]                             # a plain duplicate is refused
+    with pytest.raises(LockError, match=r"pip.packages: MarkupSafe: is listed twice .*overrides"):
+        check_entries(lock)
+
+
+def test_layering_falls_back_to_the_joint_groups_when_installing_over_cannot_give_them():
+    from envbuilder.lock.pip import layered
+
+    def e(name, version):
+        return {"name": name, "version": version, "file": f"{name}-{version}-py3-none-any.whl", "sha256": "0" * 64}
+
+    earlier = {"framework": [e("fw", "1"), e("dep", "1"), e("gone", "1")]}
+    joint = {"framework": [e("fw", "1"), e("dep", "2")], "packages": [e("pkg", "1")]}
+    assert layered(earlier, joint, {"pkg"}) == joint                    # 'gone' would stay behind
+    earlier["framework"].pop()
+    out = layered(earlier, joint, {"pkg"})
+    assert out["framework"] == earlier["framework"]
+    assert [(x["name"], x["version"], x.get("overrides")) for x in out["packages"]] == \
+        [("dep", "2", "1"), ("pkg", "1", None)]

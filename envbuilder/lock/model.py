@@ -59,7 +59,13 @@ class Lock:
 
     # --- queries ---------------------------------------------------------------------------
     def pip_entries(self) -> list[dict]:
-        return [e for g in PIP_GROUPS for e in self.pip.get(g, [])]
+        """What the image ends with: one entry per package, a later group's entry (``overrides``)
+        in place of the earlier one it replaces."""
+        out: dict[str, dict] = {}
+        for g in PIP_GROUPS:
+            for e in self.pip.get(g, []):
+                out[canonical_name(e["name"])] = e
+        return list(out.values())
 
     def pip_versions(self) -> dict[str, str]:
         return {canonical_name(e["name"]): e["version"] for e in self.pip_entries()}
@@ -258,9 +264,13 @@ def check_entries(lock: Lock) -> None:
                 raise _err(p, f"pip.{group}", f"entry {e!r} has no valid name")
             where = f"pip.{group}: {e['name']}"
             key = canonical_name(e["name"])
-            if key in seen:
-                raise _err(p, where, f"is listed twice (also in pip.{seen[key]})")
-            seen[key] = group
+            if key in seen and (PIP_GROUPS.index(group) <= PIP_GROUPS.index(seen[key][0])
+                                or e.get("overrides") != seen[key][1]):
+                raise _err(p, where, f"is listed twice (also in pip.{seen[key][0]}); a later group may "
+                           f"install it again only with \"overrides\": \"{seen[key][1]}\"")
+            if key not in seen and e.get("overrides") is not None:
+                raise _err(p, where, f"overrides {e['overrides']} but no earlier group lists it")
+            seen[key] = (group, e.get("version"))
             if not VERSION_RE.match(str(e.get("version", ""))):
                 raise _err(p, where, f"version {e.get('version')!r} is not a version")
             if not SHA256_RE.match(str(e.get("sha256", ""))):

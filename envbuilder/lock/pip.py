@@ -184,18 +184,64 @@ def _pip_error(stderr: str) -> str:
 
 
 def resolve(groups: dict[str, list[str]], tgt: dict, *, prefer: dict[str, str] | None = None,
-            **options) -> dict[str, list[dict]]:
+            prefer_earlier: dict[str, str] | None = None, **options) -> dict[str, list[dict]]:
     """Resolve every group's requirements together for the target; {group: [entries]}.
 
     ``prefer`` (name -> version) are versions to keep when they fit (the bootstrap tools' usual
     pins; every other entry of a lock during ``--update NAME``); when they do not fit, pip
-    resolves without them."""
+    resolves without them. When the spec asks packages besides the framework, the groups before
+    ``packages`` are resolved a second time without them (``prefer_earlier``: their versions to
+    keep) and the two are layered (``layered``)."""
+    joint = _resolve_preferring(groups, tgt, prefer, **options)
+    earlier_groups = {g: reqs for g, reqs in groups.items() if g != "packages" and reqs}
+    if not groups.get("packages") or not earlier_groups:
+        return joint
+    earlier = _resolve_preferring(earlier_groups, tgt, prefer_earlier if prefer_earlier is not None else prefer,
+                                  **options)
+    return layered(earlier, joint, {_req_name(r) for r in groups["packages"]})
+
+
+def _req_name(requirement: str) -> str:
+    from packaging.requirements import Requirement
+
+    return canonical_name(Requirement(requirement).name)
+
+
+def _resolve_preferring(groups, tgt, prefer, **options) -> dict[str, list[dict]]:
     if prefer:
         try:
             return _resolve(groups, tgt, constraints=prefer, **options)
         except CheckFailed:
             pass
     return _resolve(groups, tgt, **options)
+
+
+def layered(earlier: dict[str, list[dict]], joint: dict[str, list[dict]], requested: set[str]) -> dict[str, list[dict]]:
+    """The install groups of the image's layers from two resolutions of the same requirements.
+
+    The groups before ``packages`` come from the resolution without the spec's packages, so that
+    changing ``packages.pip`` leaves their pins files, and with them the framework's layer and
+    Horovod's compile, cached. ``packages`` gets the rest of the joint resolution: what the earlier
+    groups lack, and every package whose version the spec's packages move (a framework dependency
+    pinned in ``packages.pip``), which is installed again over the earlier version; such an entry
+    names the version it replaces (``overrides``). The image ends with exactly the joint
+    resolution. When installing over cannot give that (the joint resolution leaves out a package
+    an earlier group holds), the joint groups are used as they are. ``requested``: the canonical
+    names the spec's packages ask for."""
+    final = {canonical_name(e["name"]): e for g in PIP_GROUPS for e in joint.get(g, [])}
+    before = {canonical_name(e["name"]): e for g in PIP_GROUPS for e in earlier.get(g, [])}
+    if set(before) - set(final):
+        return joint
+    out = {g: earlier[g] for g in PIP_GROUPS if g in earlier and g != "packages"}
+    packages = []
+    for name, entry in sorted(final.items()):
+        if name not in before:
+            packages.append(dict(entry, requested=name in requested))
+        elif before[name]["version"] != entry["version"]:
+            packages.append(dict(entry, requested=name in requested, overrides=before[name]["version"]))
+    if packages:
+        out["packages"] = packages
+    return out
 
 
 def _resolve(groups: dict[str, list[str]], tgt: dict, *, index_url: str | None = None,

@@ -220,14 +220,18 @@ def resolve_lock(stack, *, previous: Lock | None = None, update: list[str] | Non
             say(f"pip: resolving {len(reqs)} requirements inside {stack.base}")
             lock.pip = {"packages": pip_.resolve_in_image(client, lock.base["devel"]["pinned"], reqs)} if reqs else {}
         else:
-            prefer = dict(BOOTSTRAP_PREFER)
+            prefer, prefer_earlier = dict(BOOTSTRAP_PREFER), None
             if targets["pip"] and previous:
                 prefer = {canonical_name(e["name"]): e["version"] for e in previous.pip_entries()
                           if canonical_name(e["name"]) not in targets["pip"]}
+                # the layers before the spec's packages keep their own versions (not the overrides)
+                prefer_earlier = {canonical_name(e["name"]): e["version"] for g, entries in previous.pip.items()
+                                  if g != "packages" for e in entries if canonical_name(e["name"]) not in targets["pip"]}
             tgt = pip_.target(wp["python"], wp["glibc"])
             say(f"pip: {sum(len(g) for g in wp['groups'].values())} requirements for Python {tgt['python']}, "
                 f"glibc {tgt['glibc']}")
-            lock.pip = pip_.resolve(wp["groups"], tgt, prefer=prefer, extra_index_urls=wp["extra_index_urls"],
+            lock.pip = pip_.resolve(wp["groups"], tgt, prefer=prefer, prefer_earlier=prefer_earlier,
+                                    extra_index_urls=wp["extra_index_urls"],
                                     find_links=wheelhouse, ca_bundle=ca_bundle)
         lock.resolvers["pip"] = pip_.pip_version()
 

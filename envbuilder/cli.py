@@ -89,7 +89,7 @@ def cmd_build(args) -> int:
     spec = apply_job_options(load_spec(args.spec), site=args.site, runtime=args.runtime, sweep=args.sweep)
     out = generate(spec, existing_lock(args, spec))      # an existing lock is used as is, if it matches
     folder = Path(args.out) if args.out else Path("images") / spec.name
-    written = write_folder(folder, out.files)
+    written = write_folder(folder, out.files, complete=True)
     shown = sorted({str(folder / p.relative_to(folder).parts[0]) for p in written})
     result = {"ok": True, "folder": str(folder), "files": shown,
               "findings": [f.as_dict() for f in out.stack.findings]}

@@ -1,4 +1,6 @@
-"""Write an output folder atomically: all or nothing, and never delete what is already there."""
+"""Write an output folder atomically: all or nothing, and never delete what is already there,
+but for files in the folders envbuilder owns (``pins/``, the smoke suite) that this write no
+longer makes."""
 
 from __future__ import annotations
 
@@ -17,9 +19,10 @@ def _unwritable(folder: Path, exc: OSError) -> EnvbuilderError:
                            "choose a folder you can write to with --out DIR")
 
 
-def write_folder(folder: Path, files: dict[str, bytes]) -> list[Path]:
+def write_folder(folder: Path, files: dict[str, bytes], *, complete: bool = False) -> list[Path]:
     """Write ``files`` under ``folder``. A new folder appears complete or not at all; in an
-    existing folder each file is replaced atomically and other files are left alone."""
+    existing folder each file is replaced atomically and other files are left alone, but for
+    (``complete``: ``files`` is everything a build folder holds) stale files in ``pins/``."""
     folder = Path(folder)
     parent = folder.parent
     written = []
@@ -55,11 +58,28 @@ def write_folder(folder: Path, files: dict[str, bytes]) -> list[Path]:
         for tmp, target in staged:
             os.replace(tmp, target)
             written.append(target)
+        if complete:
+            _drop_stale(folder, files)
         return written
     except PermissionError as exc:
         raise _unwritable(folder, exc) from None
     except OSError as exc:
         raise _unwritable(folder, exc) from None
+
+
+OWNED = ("pins", "envbuilder_smoke")   # all generated: a file the new write lacks is stale
+
+
+def _drop_stale(folder: Path, files: dict[str, bytes]) -> None:
+    """A lock that no longer has a pip group must not leave that group's old pins file behind
+    (it would sit in the build context, and mislead whoever reads the folder)."""
+    for owned in OWNED:
+        base = folder / owned
+        if not base.is_dir():
+            continue
+        for path in sorted(base.rglob("*")):
+            if path.is_file() and path.relative_to(folder).as_posix() not in files:
+                path.unlink()
 
 
 def _write_all(root: Path, files: dict[str, bytes]) -> None:

@@ -235,3 +235,19 @@ def test_python_dash_m_and_console_script_agree():
         pytest.skip("console script not installed (pip install -e .)")
     proc = subprocess.run([exe, "--version"], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("envbuilder ")
+
+
+def test_a_rewritten_folder_loses_stale_pins_but_keeps_the_users_files(tmp_path):
+    """A lock that lost its packages group must not leave pins/pip-packages.txt behind; files
+    envbuilder does not own stay, and a write of the lock alone touches no pins."""
+    from envbuilder.output import write_folder
+
+    folder = tmp_path / "out"
+    write_folder(folder, {"Dockerfile": b"1", "pins/pip-framework.txt": b"a", "pins/pip-packages.txt": b"b"},
+                 complete=True)
+    (folder / "notes.txt").write_text("mine")
+    write_folder(folder, {"envbuilder.lock": b"{}"})
+    assert (folder / "pins" / "pip-packages.txt").is_file()
+    write_folder(folder, {"Dockerfile": b"2", "pins/pip-framework.txt": b"a"}, complete=True)
+    assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == \
+        ["Dockerfile", "envbuilder.lock", "notes.txt", "pins/pip-framework.txt"]

@@ -69,7 +69,7 @@ def ensure_locked(args, spec, folder: Path, out):
         check_inputs(opts["ca_bundle"], opts["wheelhouse"])
         lock = resolve_lock(out.stack, progress=_say(quiet), **opts)
         out = generate(spec, lock)
-        write_folder(folder, out.files)
+        write_folder(folder, out.files, complete=True)
         path = lock_path(args, spec)
         if path.parent.resolve() != folder.resolve():
             write_folder(path.parent, {path.name: dump(lock).encode()})

@@ -117,3 +117,12 @@ def test_overhead_is_the_median_of_pair_ratios_and_the_table_prefers_it():
     row = next(r for r in bench.summarize(results) if r["builder"] == "envbuilder")
     assert (row["step_ms"], row["host_step_ms"], row["overhead"]) == (41.0, 41.0, 1.0)
     assert "torch: container overhead 1.000 <= 1.05: ok" in bench.goals(results)
+
+
+def test_an_overhead_whose_pairs_scatter_is_reported_as_too_noisy_not_ok():
+    bench = _bench()
+    results = bench.fake_results()
+    wide = [{"container_ms": c, "host_ms": 40.0} for c in (18.0, 28.0, 36.0, 40.0, 44.0, 52.0, 60.0, 70.0)]
+    results["stacks"]["torch"]["builders"]["envbuilder"]["overhead"] = {"pairs": wide, **bench.overhead_figures(wide)}
+    line = next(g for g in bench.goals(results) if "overhead" in g)
+    assert "too noisy to tell" in line and "ok" not in line.split(":")[-1], line

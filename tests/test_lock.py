@@ -470,3 +470,28 @@ def test_layering_falls_back_to_the_joint_groups_when_installing_over_cannot_giv
     assert out["framework"] == earlier["framework"]
     assert [(x["name"], x["version"], x.get("overrides")) for x in out["packages"]] == \
         [("dep", "2", "1"), ("pkg", "1", None)]
+
+
+def test_a_changed_spec_keeps_the_versions_it_did_not_touch(torch_lock, tmp_path):
+    """Adding a package to the spec and locking again re-resolves that package; torch's own
+    dependencies keep the versions the lock had (here an older filelock than PyPI's newest), so
+    the framework's layer stays as it was."""
+    path, _ = torch_lock
+    lock_file = tmp_path / "envbuilder.lock"
+    shutil.copy(path, lock_file)
+
+    def older_filelock(lock):
+        entry = next(e for e in lock.pip["framework"] if e["name"].lower() == "filelock")
+        assert entry["version"] != "3.12.0"
+        entry["version"], entry["file"] = "3.12.0", "filelock-3.12.0-py3-none-any.whl"
+
+    relock(lock_file, older_filelock)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text((RECIPES / "cpu-torch.yaml").read_text() + 'packages: {pip: ["six==1.16.0"]}\n')
+    r = run_envbuilder("lock", str(spec), "--lock", str(lock_file), "--wheelhouse", wheelhouse(), timeout=900)
+    assert r.code == 0, r.err[-2000:]
+    lock = read(lock_file)
+    filelock = next(e for e in lock["pip"]["framework"] if e["name"].lower() == "filelock")
+    assert filelock["version"] == "3.12.0" and filelock["file"] == "filelock-3.12.0-py3-none-any.whl"
+    assert [(e["name"], e["version"]) for e in lock["pip"]["packages"]] == [("six", "1.16.0")]
+    assert "1 entry changed" in r.out and "+ pip:six: 1.16.0" in r.out and "filelock" not in r.out

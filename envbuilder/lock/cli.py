@@ -142,9 +142,14 @@ def cmd_lock(args) -> int:
     print(f"locked {spec.name} in {seconds:.0f} s: {summary(lock)} -> {path}")
     if previous is not None:
         n = len(changes["changed"]) + len(changes["added"]) + len(changes["removed"])
-        print(f"  {n} entries changed" if n else "  no entry changed")
-        for k, v in list(changes["changed"].items())[:20]:
-            print(f"  ~ {k}: {v['from']} -> {v['to']}")
+        print(f"  {n} {'entry' if n == 1 else 'entries'} changed" if n else "  no entry changed")
+        lines = [f"  ~ {k}: {v['from']} -> {v['to']}" for k, v in changes["changed"].items()]
+        lines += [f"  + {k}: {v}" for k, v in changes["added"].items()]
+        lines += [f"  - {k}: {v}" for k, v in changes["removed"].items()]
+        for line in lines[:20]:
+            print(line)
+        if len(lines) > 20:
+            print(f"  ... and {len(lines) - 20} more (envbuilder diff OLD NEW shows all)")
     return 0
 
 

@@ -201,6 +201,13 @@ def resolve(groups: dict[str, list[str]], tgt: dict, *, prefer: dict[str, str] |
     return layered(earlier, joint, {_req_name(r) for r in groups["packages"]})
 
 
+def changed_names(old: dict[str, list[str]], new: dict[str, list[str]]) -> set[str]:
+    """Canonical names of the requirements that differ between two sets of groups."""
+    a = {r for reqs in old.values() for r in reqs}
+    b = {r for reqs in new.values() for r in reqs}
+    return {_req_name(r) for r in a ^ b}
+
+
 def _req_name(requirement: str) -> str:
     from packaging.requirements import Requirement
 

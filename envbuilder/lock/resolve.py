@@ -221,12 +221,16 @@ def resolve_lock(stack, *, previous: Lock | None = None, update: list[str] | Non
             lock.pip = {"packages": pip_.resolve_in_image(client, lock.base["devel"]["pinned"], reqs)} if reqs else {}
         else:
             prefer, prefer_earlier = dict(BOOTSTRAP_PREFER), None
-            if targets["pip"] and previous:
+            if previous and previous.pip:
+                # keep every version the change does not touch: --update NAME re-resolves NAME; a
+                # changed spec re-resolves the packages whose requirements changed (new pins,
+                # additions, removals). pip drops the preferences that no longer fit.
+                moved = targets["pip"] or pip_.changed_names(old.get("pip", {}).get("groups", {}), wp["groups"])
                 prefer = {canonical_name(e["name"]): e["version"] for e in previous.pip_entries()
-                          if canonical_name(e["name"]) not in targets["pip"]}
+                          if canonical_name(e["name"]) not in moved}
                 # the layers before the spec's packages keep their own versions (not the overrides)
                 prefer_earlier = {canonical_name(e["name"]): e["version"] for g, entries in previous.pip.items()
-                                  if g != "packages" for e in entries if canonical_name(e["name"]) not in targets["pip"]}
+                                  if g != "packages" for e in entries if canonical_name(e["name"]) not in moved}
             tgt = pip_.target(wp["python"], wp["glibc"])
             say(f"pip: {sum(len(g) for g in wp['groups'].values())} requirements for Python {tgt['python']}, "
                 f"glibc {tgt['glibc']}")

@@ -7,6 +7,7 @@ PACKAGES=(
     ca-certificates      # pip / apt over the network's TLS CA
     git
     python3 python3-venv python3-pip
+    python3-dev g++ make cmake   # compile Horovod for the host smoke environment (make-smoke-venv.sh)
     docker.io            # dockerd 20.10 + Debian's CLI with BuildKit built in
     iptables             # dockerd's bridge networking
     debootstrap          # builds the local base image (no registry reachable)

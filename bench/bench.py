@@ -77,11 +77,17 @@ def run(cmd, log: Path | None = None, env=None, stdin=None, check=True) -> tuple
     return seconds, proc.stdout
 
 
-def docker_cli() -> list[str]:
-    sys.path.insert(0, str(REPO))
-    from envbuilder.engines.docker import buildkit_cli   # the CLI envbuilder itself would use
+def engine():
+    """envbuilder's Docker engine module: the CLI and build command envbuilder itself uses."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from envbuilder.engines import docker
 
-    return buildkit_cli()
+    return docker
+
+
+def docker_cli() -> list[str]:
+    return engine().buildkit_cli()
 
 
 def machine() -> dict:
@@ -176,15 +182,13 @@ class Bench:
         """Seconds and how many steps came from the cache. A build that lost the engine
         (LOST_ENGINE) is retried once, with the same options (a --no-cache build stays cold),
         and marked."""
-        cmd = list(self.cli) + ["--progress=plain", "--tag", tag]
+        cmd = engine().docker_build_command(self.cli, ctx, tag, self.args.ca_bundle)   # what envbuilder runs
         if no_cache:
-            cmd.append("--no-cache")
-        if self.args.ca_bundle:
-            cmd += ["--secret", f"id=ca,src={self.args.ca_bundle}"]
+            cmd.insert(-1, "--no-cache")
         retried = False
         while True:
             try:
-                seconds, out = run(cmd + [str(ctx)], log, env=self.env)
+                seconds, out = run(cmd, log, env=self.env)
                 break
             except RuntimeError as exc:
                 if retried or not any(m in str(exc) for m in LOST_ENGINE):
@@ -202,10 +206,13 @@ class Bench:
                 return
             time.sleep(5)
 
+    def inspect(self, tag: str, field: str) -> str | None:
+        proc = subprocess.run([self.cli[0], "image", "inspect", "--format", "{{.%s}}" % field, tag],
+                              capture_output=True, text=True)
+        return proc.stdout.strip() or None if proc.returncode == 0 else None
+
     def image_size(self, tag: str) -> int:
-        out = subprocess.run([self.cli[0], "image", "inspect", "--format", "{{.Size}}", tag],
-                             capture_output=True, text=True, check=True).stdout
-        return int(out.strip())
+        return int(self.inspect(tag, "Size"))
 
     def payload(self, tag: str, log: Path) -> dict:
         _, out = run([self.cli[0], "run", "--rm", "-i", "--network", "none", "--entrypoint", "python3", tag, "-"],
@@ -231,11 +238,6 @@ class Bench:
         return {"wall_s": round(seconds, 2), "ok": bool(data.get("ok")), "summary": data.get("summary"),
                 "trains": trains(data), "step_ms": step_ms(data), "load": [started_load, load()]}
 
-    def image_id(self, tag: str) -> str | None:
-        proc = subprocess.run([self.cli[0], "image", "inspect", "--format", "{{.Id}}", tag],
-                              capture_output=True, text=True)
-        return proc.stdout.strip() or None if proc.returncode == 0 else None
-
     def rmi(self, tag: str) -> None:
         subprocess.run([self.cli[0], "rmi", "-f", tag], capture_output=True)
 
@@ -258,9 +260,9 @@ class Bench:
         out["rebuild_tool_s"] = round(tool_s, 2)
         self.log(f"{stack}/{builder}: rebuild after {before} -> {after}")
         out["rebuild_load"] = [load()]
-        first_id = self.image_id(tag)
+        first_id = self.inspect(tag, "Id")
         out["rebuild"] = self.build(ctx, tag, log, no_cache=False)
-        if first_id and first_id != self.image_id(tag):
+        if first_id and first_id != self.inspect(tag, "Id"):
             self.rmi(first_id)               # the cold build's image, untagged by the rebuild
         if not out["rebuild"]["pin_step_cached"]:
             out["rebuild_s"] = out["rebuild"]["s"]

@@ -22,7 +22,8 @@ def _unwritable(folder: Path, exc: OSError) -> EnvbuilderError:
 def write_folder(folder: Path, files: dict[str, bytes], *, complete: bool = False) -> list[Path]:
     """Write ``files`` under ``folder``. A new folder appears complete or not at all; in an
     existing folder each file is replaced atomically and other files are left alone, but for
-    (``complete``: ``files`` is everything a build folder holds) stale files in ``pins/``."""
+    (``complete``: ``files`` is everything a build folder holds) stale files in the folders
+    envbuilder owns (``OWNED``)."""
     folder = Path(folder)
     parent = folder.parent
     written = []

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import base_image, docker_cli, require_binary, require_docker, require_slurm, smoke_python
+from infra import (SMOKE_VENV_PYTHON, base_image, docker_cli, require_binary, require_docker, require_slurm,
+                   smoke_python, wheelhouse)
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-TORCH_WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 # a Python with torch 2.13 (CPU) + Horovod (MPI): what the host runtime runs on the nodes
-HOST_PYTHON = smoke_python() or "/opt/envbuilder-smoke-venv/bin/python"
+HOST_PYTHON = smoke_python() or SMOKE_VENV_PYTHON
 
 
 @pytest.fixture(autouse=True)
@@ -94,16 +94,6 @@ def test_verify_slurm_host_runtime_two_ranks_over_pmix(tmp_path):
 
 # --------------------------------------------------------------------------- charliecloud
 
-def _wheelhouse() -> str:
-    proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
-    folders = [line.split("=", 1)[1].strip().strip("'\"") for line in proc.stdout.splitlines()
-               if "find-links" in line] + ["/opt/wheels"]
-    for folder in folders:
-        if (Path(folder) / TORCH_WHEEL).is_file():
-            return folder
-    pytest.fail(f"{TORCH_WHEEL} not found in pip's find-links folder (ENVIRONMENT.md)")
-
-
 @pytest.fixture(scope="module")
 def torch_image(tmp_path_factory):
     """The cpu-torch image, built (or brought up to date from the build cache) by envbuilder."""
@@ -118,7 +108,7 @@ def torch_image(tmp_path_factory):
     tag = json.loads((out / "manifest.json").read_text())["image"]["tag"]
     existed = subprocess.run([docker_cli(), "image", "inspect", tag], capture_output=True).returncode == 0
     r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out), "--ca-bundle", CA_BUNDLE,
-                       "--wheelhouse", _wheelhouse(), timeout=2400)
+                       "--wheelhouse", wheelhouse(), timeout=2400)
     assert r.code == 0, r.err[-3000:]
     yield out, tag
     if not existed:

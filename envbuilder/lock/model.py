@@ -39,6 +39,12 @@ def canonical_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def pip_by_name(groups: dict[str, list[dict]]) -> dict[str, dict]:
+    """Canonical name -> entry over pip groups in install order: a later group's entry
+    (``overrides``) stands in place of the earlier one it replaces, as in the image."""
+    return {canonical_name(e["name"]): e for g in PIP_GROUPS for e in groups.get(g, [])}
+
+
 def _sha(data) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
@@ -59,13 +65,8 @@ class Lock:
 
     # --- queries ---------------------------------------------------------------------------
     def pip_entries(self) -> list[dict]:
-        """What the image ends with: one entry per package, a later group's entry (``overrides``)
-        in place of the earlier one it replaces."""
-        out: dict[str, dict] = {}
-        for g in PIP_GROUPS:
-            for e in self.pip.get(g, []):
-                out[canonical_name(e["name"])] = e
-        return list(out.values())
+        """What the image ends with: one entry per package (see ``pip_by_name``)."""
+        return list(pip_by_name(self.pip).values())
 
     def pip_versions(self) -> dict[str, str]:
         return {canonical_name(e["name"]): e["version"] for e in self.pip_entries()}

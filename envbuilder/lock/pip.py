@@ -25,7 +25,7 @@ import urllib.parse
 from pathlib import Path
 
 from ..errors import CheckFailed, EnvbuilderError
-from .model import PIP_GROUPS, canonical_name
+from .model import PIP_GROUPS, canonical_name, pip_by_name
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 
@@ -172,9 +172,9 @@ def split_groups(groups: dict[str, list[str]], install: list[dict], markers: dic
         last = [g for g in PIP_GROUPS if g in out][-1]
         out[last] = sorted(out[last] + [_entry(items[n]) for n in rest], key=lambda e: canonical_name(e["name"]))
     for group in out:
+        asked = {_req_name(r) for r in groups[group]}
         for e in out[group]:
-            e["requested"] = any(canonical_name(r.split("==")[0].split("[")[0]) == canonical_name(e["name"])
-                                 for r in groups[group])
+            e["requested"] = canonical_name(e["name"]) in asked
     return out
 
 
@@ -235,8 +235,7 @@ def layered(earlier: dict[str, list[dict]], joint: dict[str, list[dict]], reques
     resolution. When installing over cannot give that (the joint resolution leaves out a package
     an earlier group holds), the joint groups are used as they are. ``requested``: the canonical
     names the spec's packages ask for."""
-    final = {canonical_name(e["name"]): e for g in PIP_GROUPS for e in joint.get(g, [])}
-    before = {canonical_name(e["name"]): e for g in PIP_GROUPS for e in earlier.get(g, [])}
+    final, before = pip_by_name(joint), pip_by_name(earlier)
     if set(before) - set(final):
         return joint
     out = {g: earlier[g] for g in PIP_GROUPS if g in earlier and g != "packages"}

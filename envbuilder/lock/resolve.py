@@ -17,7 +17,7 @@ from . import base as base_
 from . import conda as conda_
 from . import pip as pip_
 from . import sources as sources_
-from .model import PIP_GROUPS, Lock, LockError, canonical_name
+from .model import PIP_GROUPS, Lock, LockError, canonical_name, pip_by_name
 
 BOOTSTRAP_PREFER = {"setuptools": "69.5.1", "wheel": "0.43.0"}
 
@@ -229,8 +229,8 @@ def resolve_lock(stack, *, previous: Lock | None = None, update: list[str] | Non
                 prefer = {canonical_name(e["name"]): e["version"] for e in previous.pip_entries()
                           if canonical_name(e["name"]) not in moved}
                 # the layers before the spec's packages keep their own versions (not the overrides)
-                prefer_earlier = {canonical_name(e["name"]): e["version"] for g, entries in previous.pip.items()
-                                  if g != "packages" for e in entries if canonical_name(e["name"]) not in moved}
+                earlier = pip_by_name({g: es for g, es in previous.pip.items() if g != "packages"})
+                prefer_earlier = {n: e["version"] for n, e in earlier.items() if n not in moved}
             tgt = pip_.target(wp["python"], wp["glibc"])
             say(f"pip: {sum(len(g) for g in wp['groups'].values())} requirements for Python {tgt['python']}, "
                 f"glibc {tgt['glibc']}")

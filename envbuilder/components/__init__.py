@@ -39,7 +39,8 @@ def assemble(stack: Stack) -> Plan:
             env[key] = value
     env.update(dict(spec.env))
     return Plan(name=spec.name, stages=stages, env=env, labels=smoke.labels(stack),
-                help=smoke.help_text(stack), runscript=["python"], test=smoke.test_command(stack))
+                help=smoke.help_text(stack), runscript=["python"], test=smoke.test_command(stack),
+                literal_env=frozenset(k for k, _ in spec.env))
 
 
 def _base(stack: Stack, stage: str, ref: str) -> str:

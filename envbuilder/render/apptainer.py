@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..plan import Copy, Plan, Step
-from .common import header, sh_quote
+from ..quoting import apptainer_export, apptainer_line, apptainer_text, image_ref, shell_words
+from .common import export_line, header
 
 
 def _bootstrap(base: str) -> tuple[str, str]:
@@ -16,16 +17,16 @@ def _bootstrap(base: str) -> tuple[str, str]:
 def _post(steps: list[Step], drop_wheelhouse: bool) -> list[str]:
     lines = ["%post", "    set -eu"]
     for step in steps:
-        lines.append(f"    # {step.component}: {step.title}")
-        lines += [f"    #   {n}" for n in step.notes]
+        lines.append(f"    # {step.component}: {apptainer_line(step.title)}")
+        lines += [f"    #   {apptainer_line(n)}" for n in step.notes]
         body = []
         if step.build_env:
-            body.append("export " + " ".join(f"{k}={v}" for k, v in step.build_env.items()))
+            body.append(export_line(step.build_env))
         if step.network:
             body.append("export PIP_FIND_LINKS=/wheelhouse")
         body += step.commands
         lines.append("    (")
-        lines += [f"        {c}" for c in body]
+        lines += [f"        {apptainer_line(c, f'{step.component} step')}" for c in body]
         lines.append("    )")
     if drop_wheelhouse:
         lines.append("    rm -rf /wheelhouse   # local wheels were only needed to install")
@@ -41,7 +42,7 @@ def _files(copies: list[Copy]) -> list[str]:
         by_stage.setdefault(c.from_stage, []).append(c)
     for stage, items in by_stage.items():
         lines.append("%files" + (f" from {stage}" if stage else ""))
-        lines += [f"    {c.source} {c.dest}" for c in items]
+        lines += [f"    {apptainer_line(c.source)} {apptainer_line(c.dest)}" for c in items]
         lines.append("")
     return lines
 
@@ -56,7 +57,7 @@ def render_apptainer(plan: Plan, spec_sha: str) -> str:
     for stage in plan.stages:
         last = stage is plan.final
         bootstrap, ref = _bootstrap(stage.base)
-        out += ["", f"Bootstrap: {bootstrap}", f"From: {ref}"]
+        out += ["", f"Bootstrap: {bootstrap}", f"From: {image_ref(ref)}"]
         if multi:
             out.append(f"Stage: {stage.name}")
         out.append("")
@@ -70,11 +71,11 @@ def render_apptainer(plan: Plan, spec_sha: str) -> str:
         if not last:
             continue
         out += ["", "%environment"]
-        out += [f"    export {k}={sh_quote(v)}" for k, v in plan.env.items()]
+        out += [f"    {apptainer_export(k, v, k, expand=k not in plan.literal_env)}" for k, v in plan.env.items()]
         out += ["", "%labels"]
-        out += [f"    {k} {v}" for k, v in plan.labels.items()]
+        out += [f"    {apptainer_line(k)} {apptainer_text(v, k)}" for k, v in plan.labels.items()]
         out += ["", "%help"]
-        out += [f"    {line}" for line in plan.help.splitlines()]
-        out += ["", "%runscript", f"    exec {' '.join(plan.runscript)} \"$@\""]
-        out += ["", "%test", f"    {' '.join(plan.test)}"]
+        out += [f"    {apptainer_line(line, 'description')}" for line in plan.help.split("\n")]
+        out += ["", "%runscript", f"    exec {shell_words(plan.runscript)} \"$@\""]
+        out += ["", "%test", f"    {shell_words(plan.test)}"]
     return "\n".join(out) + "\n"

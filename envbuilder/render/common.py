@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from .. import __version__
+from ..quoting import docker_comment, shell_word
 
 CA_SECRET = "/run/secrets/ca"
 WHEELHOUSE = "/wheelhouse"
 
 
 def header(comment: str, title: str, spec_sha: str, extra: list[str]) -> list[str]:
+    title = docker_comment(title, "name")
     lines = [f"{comment} {title}",
              f"{comment} Written by envbuilder {__version__} from a spec with sha256 {spec_sha[:16]}.",
              f"{comment} Generated file: change the spec and run `envbuilder build` instead of editing it."]
@@ -21,9 +23,9 @@ def shell_join(commands: list[str], indent: str = "    ") -> str:
     return (" \\\n" + indent + "&& ").join(commands)
 
 
-def sh_quote(value: str) -> str:
-    """Double-quote for shell/Dockerfile ENV while keeping $VAR expansion."""
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+def export_line(env: dict[str, str]) -> str:
+    """export K='v' ... for a step's build flags (only while that step runs)."""
+    return "export " + " ".join(f"{k}={shell_word(v, k)}" for k, v in env.items())
 
 
 def network_setup() -> list[str]:

@@ -4,19 +4,20 @@ every layer)."""
 from __future__ import annotations
 
 from ..plan import Copy, Plan, Step
-from .common import WHEELHOUSE, header, network_setup, sh_quote, shell_join
+from ..quoting import docker_comment, docker_value, image_ref
+from .common import WHEELHOUSE, export_line, header, network_setup, shell_join
 
 SHELL = 'SHELL ["/bin/bash", "-o", "pipefail", "-c"]'
 
 
 def _step(step: Step) -> list[str]:
-    lines = [f"# {step.component}: {step.title}"]
-    lines += [f"#   {n}" for n in step.notes]
+    lines = [f"# {step.component}: {docker_comment(step.title)}"]
+    lines += [f"#   {docker_comment(n)}" for n in step.notes]
     if step.build_env:
-        lines.append("# build flags (this step only): " + " ".join(f"{k}={v}" for k, v in step.build_env.items()))
-    commands = list(step.commands)
+        lines.append("# build flags (this step only): " + " ".join(f"{k}={docker_comment(v)}" for k, v in step.build_env.items()))
+    commands = [docker_comment(c, f"{step.component} step") for c in step.commands]
     if step.build_env:
-        commands = ["export " + " ".join(f"{k}={v}" for k, v in step.build_env.items())] + commands
+        commands = [export_line(step.build_env)] + commands
     mounts = [f"--mount=type=bind,source={m},target=/{m}" for m in step.mounts]
     if step.network:
         commands = network_setup() + commands
@@ -47,15 +48,16 @@ def render_dockerfile(plan: Plan, spec_sha: str) -> str:
         role = ("compilers and headers; only its results are copied on" if not last
                 else "what runs: no compilers, no build caches") if multi else "single stage"
         out.append(f"# ---- stage {n}: {stage.name} ({role}) " + "-" * 10)
-        out.append(f"FROM {stage.base} AS {stage.name}")
+        out.append(f"FROM {image_ref(stage.base)} AS {stage.name}")
         out.append(SHELL)
         for item in stage.items:
             out.append("")
             out.extend(_step(item) if isinstance(item, Step) else _copy(item))
     out.append("")
     out.append("# ---- image metadata and environment " + "-" * 10)
-    out.append("LABEL " + " \\\n      ".join(f"{k}={sh_quote(v)}" for k, v in plan.labels.items()))
-    out.append("ENV " + " \\\n    ".join(f"{k}={sh_quote(v)}" for k, v in plan.env.items()))
+    out.append("LABEL " + " \\\n      ".join(f"{k}={docker_value(v, k)}" for k, v in plan.labels.items()))
+    out.append("ENV " + " \\\n    ".join(f"{k}={docker_value(v, k, expand=k not in plan.literal_env)}"
+                                         for k, v in plan.env.items()))
     out.append(f"WORKDIR {plan.workdir}")
     out.append(f"CMD {_json_list(plan.runscript)}")
     return "\n".join(out) + "\n"

@@ -18,12 +18,11 @@ in the generated script name them.
 
 from __future__ import annotations
 
-import shlex
-
 from ..components.framework import runtime_env as framework_env
 from ..plan import SMOKE_DIR
 from ..resolve import Stack
 from ..slurm import staging, sweeps
+from ..quoting import sbatch_value, shell_assign, shell_default, shell_word
 from .common import header
 
 IMAGE_MANIFEST = "/opt/envbuilder/manifest.json"
@@ -164,43 +163,41 @@ def ntasks_per_node(stack: Stack) -> int:
     return cl.ntasks_per_node or cl.gpus_per_node or 1
 
 
-def _q(value: str) -> str:
-    return shlex.quote(value)
-
-
 def _directives(stack: Stack, combos: list[dict]) -> list[str]:
     cl = stack.spec.cluster
-    d = [f"--job-name={stack.spec.name}"]
+    d = [("job-name", stack.spec.name, "name")]
     if cl.partition:
-        d.append(f"--partition={cl.partition}")
+        d.append(("partition", cl.partition, "cluster.partition"))
     if cl.account:
-        d.append(f"--account={cl.account}")
-    d.append(f"--nodes={cl.nodes}")
-    d.append(f"--ntasks-per-node={ntasks_per_node(stack)}")
+        d.append(("account", cl.account, "cluster.account"))
+    d.append(("nodes", cl.nodes, "cluster.nodes"))
+    d.append(("ntasks-per-node", ntasks_per_node(stack), "cluster.ntasks_per_node"))
     if cl.gpus_per_node:
         # every rank sees all GPUs of its node and picks one by local rank: CUDA IPC between
         # ranks keeps working (F4: nccl#129, pyxis#73)
-        d.append(f"--gpus-per-node={cl.gpus_per_node}")
+        d.append(("gpus-per-node", cl.gpus_per_node, "cluster.gpus_per_node"))
     if cl.cpus_per_task:
-        d.append(f"--cpus-per-task={cl.cpus_per_task}")
+        d.append(("cpus-per-task", cl.cpus_per_task, "cluster.cpus_per_task"))
     if cl.mem_per_cpu:
-        d.append(f"--mem-per-cpu={cl.mem_per_cpu}")
+        d.append(("mem-per-cpu", cl.mem_per_cpu, "cluster.mem_per_cpu"))
     if cl.time:
-        d.append(f"--time={cl.time}")
+        d.append(("time", cl.time, "cluster.time"))
     if combos:
-        d.append(f"--array=0-{len(combos) - 1}")
-        d.append("--output=%x-%A_%a.out")
+        d.append(("array", f"0-{len(combos) - 1}", "cluster.sweep"))
+        d.append(("output", "%x-%A_%a.out", "output"))
     else:
-        d.append("--output=%x-%j.out")
-    return [f"#SBATCH {x}" for x in d]
+        d.append(("output", "%x-%j.out", "output"))
+    return [f"#SBATCH --{opt}={sbatch_value(value, what)}" for opt, value, what in d]
 
 
 def _image_default(stack: Stack, rt: Runtime) -> str:
+    """Inside "${ENVBUILDER_IMAGE:-...}": $NAME references expand, nothing else does."""
     path = stack.spec.cluster.image_path
     if path:
+        shown = shell_default(path, "cluster.image_path")
         if path.startswith(("/", "$", "~")) or "://" in path:
-            return path.replace('"', '\\"')
-        return "$JOB_DIR/" + path.replace('"', '\\"')
+            return shown
+        return "$JOB_DIR/" + shown
     return f"$JOB_DIR/{stack.spec.name}{rt.image_suffix}"
 
 
@@ -249,17 +246,12 @@ def _paths(stack: Stack, rt: Runtime, combos: list[dict]) -> list[str]:
         'mkdir -p "$CHECKPOINT_DIR" "$TENSORBOARD_DIR"',
         "export OUTPUT_DIR CHECKPOINT_DIR TENSORBOARD_DIR",
         "# Node-local folder of this job on every node: throw-away HOME, staged data",
-        'LOCAL_ROOT="${ENVBUILDER_LOCAL:-' + (_dq(cl.local_scratch) if cl.local_scratch
+        'LOCAL_ROOT="${ENVBUILDER_LOCAL:-' + (shell_default(cl.local_scratch, "cluster.local_scratch") if cl.local_scratch
                                              else "${SLURM_TMPDIR:-${TMPDIR:-/tmp}}") + '}"',
         'JOB_LOCAL="$LOCAL_ROOT/envbuilder.${SLURM_JOB_ID:-$$}"',
         "export JOB_LOCAL",
     ]
     return out
-
-
-def _dq(value: str) -> str:
-    """Inside double quotes, keeping $VAR: escape what would end or break the quoting."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
 
 
 def _sweep(combos: list[dict]) -> list[str]:
@@ -270,7 +262,7 @@ def _sweep(combos: list[dict]) -> list[str]:
            "# Hyper-parameter sweep (cluster.sweep / --sweep): array task i runs combination i",
            'case "${SLURM_ARRAY_TASK_ID:-0}" in']
     for i, combo in enumerate(combos):
-        out.append(f"    {i}) " + " ".join(f"{n}={_q(v)}" for n, v in combo.items()) + " ;;")
+        out.append(f"    {i}) " + " ".join(shell_assign(n, v, "cluster.sweep") for n, v in combo.items()) + " ;;")
     out += [f'    *) die "array task ${{SLURM_ARRAY_TASK_ID:-}} is outside the sweep (0-{len(combos) - 1})" ;;',
             "esac",
             "export " + " ".join(names),
@@ -293,7 +285,7 @@ def _environment(stack: Stack, rt: Runtime) -> list[str]:
     cpu_env = framework_env(stack) if stack.cpu_threads_env else {}
     if cpu_env:
         out.append("# CPU TensorFlow: oneDNN on, OpenMP threads do not spin, compact binding (seeds)")
-        out.append("export " + " ".join(f"{k}={_q(v)}" for k, v in sorted(cpu_env.items())
+        out.append("export " + " ".join(shell_assign(k, v) for k, v in sorted(cpu_env.items())
                                         if k.startswith(("KMP_", "TF_ENABLE"))))
     out += [
         "# Hygiene (F5, F9): no ~/.local packages, no module-set PYTHONPATH, a fixed locale,",
@@ -308,11 +300,11 @@ def _environment(stack: Stack, rt: Runtime) -> list[str]:
                 'export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"']
     if cl.network_interface:
         out += ["# Bootstrap NCCL and Gloo on the site's fast network (a wrong interface hangs init, F10)",
-                f'export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-{_dq(cl.network_interface)}}}"',
+                f'export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-{shell_default(cl.network_interface, "cluster.network_interface")}}}"',
                 'export GLOO_SOCKET_IFNAME="$NCCL_SOCKET_IFNAME" HOROVOD_GLOO_IFACE="$NCCL_SOCKET_IFNAME"']
     if cl.env:
         out.append("# The site's and spec's extra variables (cluster.env)")
-        out += [f"export {k}={_q(v)}" for k, v in cl.env]
+        out += ["export " + shell_assign(k, v, f"cluster.env.{k}") for k, v in cl.env]
     out += [
         "# torch.distributed rendezvous: the first node, a port derived from the job id",
         'MASTER_ADDR=$(scontrol show hostnames "${SLURM_JOB_NODELIST:-$(hostname)}" 2>/dev/null | head -n 1)',
@@ -335,9 +327,9 @@ def _host_env(stack: Stack) -> list[str]:
             '        if [ -r "$f" ]; then . "$f"; break; fi',
             "    done",
             "fi",
-            "module load " + " ".join(_q(m) for m in cl.modules),
+            "module load " + " ".join(shell_word(m, "cluster.modules") for m in cl.modules),
         ]
-    venv = f'${{ENVBUILDER_VENV:-{_dq(cl.venv)}}}' if cl.venv else "${ENVBUILDER_VENV:-}"
+    venv = f'${{ENVBUILDER_VENV:-{shell_default(cl.venv, "cluster.venv")}}}' if cl.venv else "${ENVBUILDER_VENV:-}"
     out += [
         f'VENV="{venv}"',
         'if [ -n "$VENV" ]; then',
@@ -365,7 +357,7 @@ def _binds(stack: Stack, rt: Runtime) -> list[str]:
         "}",
     ]
     for bind in cl.binds:
-        out.append(f"add_bind {_q(bind)} cluster.binds")
+        out.append(f"add_bind {shell_word(bind, 'cluster.binds')} cluster.binds")
     if rt.container:
         out += ["# The job's own folders, at the same paths inside the image",
                 'add_bind "$OUTPUT_DIR" "the output folder"',

@@ -10,8 +10,7 @@ renamed when complete; the folder goes when the job ends.
 
 from __future__ import annotations
 
-import shlex
-
+from ..quoting import shell_word
 from ..resolve import Stack
 
 
@@ -22,7 +21,7 @@ def check_lines(stack: Stack) -> list[str]:
         return []
     return [
         "# Data staging (cluster.stage): checked now, copied once per node by node_setup",
-        f"STAGE_SRC={shlex.quote(src)}",
+        f"STAGE_SRC={shell_word(src, 'cluster.stage')}",
         '[ -e "$STAGE_SRC" ] || die "stage source \'$STAGE_SRC\' does not exist on $(hostname) (cluster.stage)"',
         'STAGE_SRC=$(realpath "$STAGE_SRC")',
         'ENVBUILDER_DATA="$JOB_LOCAL/data/$(basename "$STAGE_SRC")"',

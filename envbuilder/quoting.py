@@ -38,7 +38,7 @@ IMAGE_REF_RE = re.compile(
     r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]{1,5})?/)?"
     + _COMPONENT + r"(?:/" + _COMPONENT + r")*"
     + r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?")
-_URL_CRED_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@")
+_URL_CRED_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,15}://)[^/@\s]*@")
 
 
 class UnsafeValue(EnvbuilderError):

@@ -8,11 +8,26 @@ from dataclasses import dataclass, field as dc_field
 
 from .errors import EnvbuilderError
 
-VERSION_RE = re.compile(r"^[0-9]+(\.[0-9]+)*([a-z0-9.+_-]*)?$")
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
-SLURM_TIME_RE = re.compile(r"^([0-9]+-)?([0-9]{1,2}:)?[0-9]{1,2}:[0-9]{2}$|^[0-9]+$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-MEM_RE = re.compile(r"^[0-9]+[KMGT]?$")
+from .quoting import CONTROL_RE, IMAGE_REF_RE, has_url_credentials, redact_url
+
+# Every pattern is used with re.fullmatch (Python's `$` also matches before a final newline)
+# and written so that no two branches can match the same text (linear time on any input).
+# The numeric part, then a suffix that cannot start with a digit or a `.digit`: 2.13.0+cpu, 1.2rc1
+VERSION_RE = re.compile(r"[0-9]+(?:\.[0-9]+)*(?:\.?[a-z+_-][a-z0-9.+_-]*)?")
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+SLURM_TIME_RE = re.compile(r"(?:[0-9]{1,4}-)?(?:[0-9]{1,2}:)?[0-9]{1,2}:[0-9]{2}|[0-9]{1,7}")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+MEM_RE = re.compile(r"[0-9]{1,9}[KMGT]?")
+# Slurm partition (or a comma-separated list of them) and account names
+SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+SLURM_NAMES_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(?:,[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}){0,31}")
+# an http(s) URL without blanks, quotes or shell syntax (it is also quoted where it is written)
+URL_RE = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~%/+=,:@-]*)?")
+OS_RE = re.compile(r"[a-z][a-z0-9.-]{0,63}")
+IFACE_RE = re.compile(r"[=^]?[A-Za-z0-9_.:-]{1,64}(?:,[A-Za-z0-9_.:-]{1,64}){0,15}")
+MAX_TEXT = 4096          # characters in any one string value
+MAX_VERSION = 64
+MAX_ITEMS = 1000         # entries in any one list or map
 
 
 @dataclass
@@ -25,6 +40,8 @@ class Field:
     pattern: re.Pattern | None = None
     pattern_hint: str = ""
     minimum: int | None = None
+    maximum: int | None = None
+    secret_ok: bool = True         # False: a key named like a secret is refused (env maps)
     items: "Field | None" = None
     children: dict = dc_field(default_factory=dict)
     example: object = None
@@ -54,8 +71,11 @@ FRAMEWORKS = ("tensorflow", "tensorflow-cpu", "intel-tensorflow", "pytorch")
 HOROVOD_OPS = ("nccl", "mpi", "gloo")
 RUNTIMES = ("apptainer", "singularity", "charliecloud", "pyxis", "host")
 MONITORS = ("tensorboard", "timeline")
-PMI_RE = re.compile(r"^(pmix(_v[0-9]+)?|pmi2|cray_shasta|none)$")
-SWEEP_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=[^,]+(,[^,]+)*$")
+PMI_RE = re.compile(r"pmix(?:_v[0-9]{1,2})?|pmi2|cray_shasta|none")
+SWEEP_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=[^,]+(?:,[^,]+)*")
+# env names that hold secrets: their values would be readable by anyone who has the image or
+# the job script
+SECRET_NAME_RE = re.compile(r"(?i).*(?:TOKEN|PASSWORD|PASSWD|SECRET|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL).*")
 
 SPEC_FIELDS: dict[str, Field] = {
     "name": s("Image and folder name (lower case, digits, . _ -).", required=True,
@@ -65,7 +85,9 @@ SPEC_FIELDS: dict[str, Field] = {
     "framework": obj("The deep-learning framework.", {
         "name": s("Which framework.", required=True, enum=FRAMEWORKS),
         "version": v("Exact release, e.g. \"2.12.1\" or \"2.13.0+cpu\" (local label kept).", required=True),
-        "index_url": s("Extra pip index for the framework wheels (e.g. https://download.pytorch.org/whl/cu118)."),
+        "index_url": s("Extra pip index for the framework wheels (e.g. https://download.pytorch.org/whl/cu118). "
+                       "No credentials: they would be stored in the image's history.",
+                       pattern=URL_RE, pattern_hint="an http(s):// URL without blanks, quotes or shell characters"),
     }, required=True, example={"name": "tensorflow", "version": "2.12.1"}),
     "python": v("Python major.minor inside the image; must be the base OS's Python.", required=True,
                 example="3.10"),
@@ -94,34 +116,46 @@ SPEC_FIELDS: dict[str, Field] = {
         "apt": strlist("OS packages (name or name=version).", default=[]),
         "conda": strlist("conda packages, name=version (resolved by conda-lock).", default=[]),
     }),
-    "base": s("Base image (tag or digest); default chosen from CUDA and Python."),
-    "runtime_base": s("Image the slim runtime stage starts from; default derived from `base`."),
-    "base_os": s("OS of a base image envbuilder does not know (e.g. debian-bookworm, ubuntu22.04)."),
+    "base": s("Base image (tag or digest); default chosen from CUDA and Python.",
+              pattern=IMAGE_REF_RE, pattern_hint="an image reference: registry/name:tag or name@sha256:DIGEST"),
+    "runtime_base": s("Image the slim runtime stage starts from; default derived from `base`.",
+                      pattern=IMAGE_REF_RE, pattern_hint="an image reference: registry/name:tag or name@sha256:DIGEST"),
+    "base_os": s("OS of a base image envbuilder does not know (e.g. debian-bookworm, ubuntu22.04).",
+                 pattern=OS_RE, pattern_hint="lower-case letters, digits, '.' and '-'"),
     "targets": Field("list", "Recipes to write.", items=Field("string", "target", enum=("docker", "apptainer")),
                      default=["docker", "apptainer"]),
-    "env": Field("map", "Extra environment variables set in the image.", items=Field("string", "value")),
+    "env": Field("map", "Extra environment variables set in the image (values are text as written: "
+                 "no $ expansion). No secrets: anyone who pulls the image reads them.",
+                 items=Field("string", "value"), secret_ok=False),
     "cluster": obj("Defaults for the Slurm job script.", {
-        "partition": s("Slurm partition."),
-        "account": s("Slurm account to charge."),
-        "nodes": i("Number of nodes.", minimum=1, default=1),
-        "gpus_per_node": i("GPUs per node (one rank each).", minimum=0),
-        "ntasks_per_node": i("Ranks per node (default: gpus_per_node, or 1 on CPU nodes).", minimum=1),
-        "cpus_per_task": i("CPU cores per rank.", minimum=1),
+        "partition": s("Slurm partition (or several, comma-separated).", pattern=SLURM_NAMES_RE,
+                       pattern_hint="a Slurm partition name (letters, digits, _ . -; several with ,)"),
+        "account": s("Slurm account to charge.", pattern=SLURM_NAME_RE,
+                     pattern_hint="a Slurm account name (letters, digits, _ . -)"),
+        "nodes": i("Number of nodes.", minimum=1, maximum=100000, default=1),
+        "gpus_per_node": i("GPUs per node (one rank each).", minimum=0, maximum=64),
+        "ntasks_per_node": i("Ranks per node (default: gpus_per_node, or 1 on CPU nodes).", minimum=1, maximum=4096),
+        "cpus_per_task": i("CPU cores per rank.", minimum=1, maximum=4096),
         "mem_per_cpu": s("Memory per core, e.g. 4G.", pattern=MEM_RE, pattern_hint="a number with K, M, G or T"),
         "time": s("Wall-time limit, e.g. \"01:00:00\".", pattern=SLURM_TIME_RE,
                   pattern_hint="[D-]HH:MM:SS, MM:SS or minutes"),
         "binds": strlist("Host paths made visible in the container (SRC or SRC:DST[:ro]).", default=[]),
-        "network_interface": s("Interface NCCL/Gloo bootstrap on (ib0, hsn0...)."),
+        "network_interface": s("Interface NCCL/Gloo bootstrap on (ib0, hsn0...).", pattern=IFACE_RE,
+                               pattern_hint="interface names (ib0, hsn0, ^docker,lo)"),
         "runtime": s("How the job runs the image.", enum=RUNTIMES, default="apptainer"),
         "image_path": s("Path of the .sif on the cluster (default: <name>.sif beside the job script)."),
-        "command": s("What each rank runs (default: the smoke suite)."),
+        "command": s("What each rank runs (default: the smoke suite). Raw shell by design: it is "
+                     "written into job.sbatch as is (srun ... COMMAND), its $VARIABLES expand and "
+                     "anything it says runs; write it as you would type it in the job script."),
         "pmi": s("srun --mpi= plugin (default: the spec's mpi.pmi; none without MPI).",
                  pattern=PMI_RE, pattern_hint="pmix, pmix_v3, pmix_v4, pmi2, cray_shasta or none"),
         "venv": s("host runtime: a virtual environment on the nodes whose bin/ goes first on PATH."),
         "modules": strlist("host runtime: environment modules loaded before launch (module load ...).",
                            default=[]),
-        "env": Field("map", "Extra environment for every rank (e.g. NCCL_IB_HCA: mlx5).",
-                     items=Field("string", "value")),
+        "env": Field("map", "Extra environment for every rank (e.g. NCCL_IB_HCA: mlx5). No secrets: "
+                     "job.sbatch and the image's manifest record them; export a token in your shell "
+                     "before sbatch instead (Slurm passes the environment on).",
+                     items=Field("string", "value"), secret_ok=False),
         "stage": s("Dataset copied once per node to node-local storage before training "
                    "(ranks find it in $ENVBUILDER_DATA)."),
         "local_scratch": s("Node-local folder for staging and the throw-away HOME "
@@ -180,8 +214,8 @@ def _check(path: str, f: Field, value, doc, errors: list, source):
             errors.append(_type_error(path, f, value, doc, source))
             return None
         value = str(value)
-        if not VERSION_RE.match(value):
-            errors.append(EnvbuilderError(path, f"{value!r} is not a version",
+        if len(value) > MAX_VERSION or not VERSION_RE.fullmatch(value):
+            errors.append(EnvbuilderError(path, f"{shown(value)} is not a version",
                                           "give an exact version such as \"2.12.1\" (no ranges, no `latest`)",
                                           line=doc.line_of(path), source=source))
             return None
@@ -191,14 +225,18 @@ def _check(path: str, f: Field, value, doc, errors: list, source):
             errors.append(_type_error(path, f, value, doc, source))
             return None
         value = str(value)
+        problem = text_problem(path, value, doc, source)
+        if problem:
+            errors.append(problem)
+            return None
         if f.enum and value not in f.enum:
-            errors.append(EnvbuilderError(path, f"{value!r} is not one of {', '.join(f.enum)}",
+            errors.append(EnvbuilderError(path, f"{shown(value)} is not one of {', '.join(f.enum)}",
                                           _did_you_mean(value, f.enum) if difflib.get_close_matches(value, f.enum, n=1, cutoff=0.6)
                                           else f"use one of {', '.join(f.enum)}",
                                           line=doc.line_of(path), source=source))
             return None
-        if f.pattern and not f.pattern.match(value):
-            errors.append(EnvbuilderError(path, f"{value!r} is not valid here", f"use {f.pattern_hint}",
+        if f.pattern and not f.pattern.fullmatch(value):
+            errors.append(EnvbuilderError(path, f"{shown(value)} is not valid here", f"use {f.pattern_hint}",
                                           line=doc.line_of(path), source=source))
             return None
         return value
@@ -210,28 +248,61 @@ def _check(path: str, f: Field, value, doc, errors: list, source):
             errors.append(EnvbuilderError(path, f"{value} is below the minimum {f.minimum}",
                                           f"use a number >= {f.minimum}", line=doc.line_of(path), source=source))
             return None
+        if f.maximum is not None and value > f.maximum:
+            errors.append(EnvbuilderError(path, f"{shown(str(value))} is above the maximum {f.maximum}",
+                                          f"use a number <= {f.maximum}", line=doc.line_of(path), source=source))
+            return None
         return value
     if f.kind == "list":
         if not isinstance(value, list):
             errors.append(_type_error(path, f, value, doc, source))
             return None
-        out = [_check(f"{path}[{n}]", f.items, item, doc, errors, source) for n, item in enumerate(value)]
+        if len(value) > MAX_ITEMS:
+            errors.append(EnvbuilderError(path, f"has {len(value)} entries", f"keep it under {MAX_ITEMS}",
+                                          line=doc.line_of(path), source=source))
+            return None
+        out = []
+        for n, item in enumerate(value):
+            if item is None:
+                errors.append(EnvbuilderError(f"{path}[{n}]", "is an empty entry (null)",
+                                              "remove it or give a value", line=doc.line_of(f"{path}[{n}]"),
+                                              source=source))
+                continue
+            out.append(_check(f"{path}[{n}]", f.items, item, doc, errors, source))
         return out
     if f.kind == "map":
         if not isinstance(value, dict):
             errors.append(_type_error(path, f, value, doc, source))
             return None
+        if len(value) > MAX_ITEMS:
+            errors.append(EnvbuilderError(path, f"has {len(value)} entries", f"keep it under {MAX_ITEMS}",
+                                          line=doc.line_of(path), source=source))
+            return None
         out = {}
         for k, item in value.items():
-            if not ENV_NAME_RE.match(k):
-                errors.append(EnvbuilderError(f"{path}.{k}", "is not a valid environment variable name",
+            if not ENV_NAME_RE.fullmatch(k):
+                errors.append(EnvbuilderError(f"{path}.{shown(k)}", "is not a valid environment variable name",
                                               "use letters, digits and _", line=doc.line_of(f"{path}.{k}"),
                                               source=source))
                 continue
             if isinstance(item, (dict, list)) or item is None:
                 errors.append(_type_error(f"{path}.{k}", f.items, item, doc, source))
                 continue
-            out[k] = str(item).lower() if isinstance(item, bool) else str(item)
+            text = str(item).lower() if isinstance(item, bool) else str(item)
+            problem = text_problem(f"{path}.{k}", text, doc, source)
+            if problem:
+                errors.append(problem)
+                continue
+            if not f.secret_ok and SECRET_NAME_RE.fullmatch(k) and text:
+                errors.append(EnvbuilderError(
+                    f"{path}.{k}", "looks like a secret: " + (
+                        "the image stores it in clear text for anyone who pulls it" if path == "env" else
+                        "job.sbatch and the manifest copied into the image would hold it in clear text"),
+                    "leave it out; give it at run time (export it in your shell before sbatch: Slurm passes "
+                    "the environment to the job) or, for the build, as a BuildKit secret like --ca-bundle",
+                    line=doc.line_of(f"{path}.{k}"), source=source))
+                continue
+            out[k] = text
         return out
     if f.kind == "object":
         if not isinstance(value, dict):
@@ -241,12 +312,37 @@ def _check(path: str, f: Field, value, doc, errors: list, source):
     raise AssertionError(f.kind)
 
 
+def shown(value: str, limit: int = 60) -> str:
+    """A value as an error message repeats it: credentials hidden, long text cut."""
+    text = redact_url(value)
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def text_problem(path: str, value: str, doc, source) -> EnvbuilderError | None:
+    """What no string in a spec may hold, whatever the field: control characters (a newline
+    starts a new line in every generated file), credentials in URLs, unbounded size."""
+    line = doc.line_of(path) if doc is not None else None
+    if len(value) > MAX_TEXT:
+        return EnvbuilderError(path, f"is {len(value)} characters long", f"keep it under {MAX_TEXT}",
+                               line=line, source=source)
+    if CONTROL_RE.search(value):
+        return EnvbuilderError(path, f"{shown(value)} holds a newline or another control character",
+                               "write it on one line (no tabs or control characters)", line=line, source=source)
+    if has_url_credentials(value):
+        return EnvbuilderError(path, f"{shown(value)} holds credentials (user:password@) that every generated "
+                               "file and the image would keep in clear text",
+                               "remove them; give them at build time as a secret, the way --ca-bundle is given "
+                               "(pip reads ~/.netrc or a keyring; never the spec)", line=line, source=source)
+    return None
+
+
 def _check_object(path, children: dict, value: dict, doc, errors, source) -> dict:
     out = {}
     for key in value:
         if key not in children:
             child = f"{path}.{key}" if path else key
-            errors.append(EnvbuilderError(child, "unknown key", _did_you_mean(key, children),
+            errors.append(EnvbuilderError(shown(child) if len(child) > 60 or CONTROL_RE.search(child) else child,
+                                          "unknown key", _did_you_mean(key[:100], children),
                                           line=doc.line_of(child), source=source))
     for key, f in children.items():
         child = f"{path}.{key}" if path else key
@@ -285,26 +381,34 @@ def _json_schema(f: Field) -> dict:
         if f.enum:
             out["enum"] = list(f.enum)
         if f.pattern is not None:
-            out["pattern"] = f.pattern.pattern
+            out["pattern"] = _anchored(f.pattern)
     elif f.kind == "version":
         out["type"] = ["string", "integer"]
-        out["pattern"] = VERSION_RE.pattern
+        out["pattern"] = _anchored(VERSION_RE)
     elif f.kind == "integer":
         out["type"] = "integer"
         if f.minimum is not None:
             out["minimum"] = f.minimum
+        if f.maximum is not None:
+            out["maximum"] = f.maximum
     elif f.kind == "list":
         out["type"] = "array"
         out["items"] = _json_schema(f.items)
     elif f.kind == "map":
         out["type"] = "object"
-        out["propertyNames"] = {"pattern": ENV_NAME_RE.pattern}
+        out["propertyNames"] = {"pattern": _anchored(ENV_NAME_RE)}
         out["additionalProperties"] = {"type": ["string", "number", "boolean"]}
     elif f.kind == "object":
         out.update(_object_schema(f.children))
     if f.default is not None:
         out["default"] = f.default
     return out
+
+
+def _anchored(pattern: re.Pattern) -> str:
+    """JSON Schema patterns match anywhere: anchor the full-match pattern (ECMA-262's $ does
+    not match before a final newline)."""
+    return f"^(?:{pattern.pattern})$"
 
 
 def _object_schema(children: dict) -> dict:

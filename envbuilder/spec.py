@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import EnvbuilderError, SpecErrors
-from .schema import validate
+from .schema import shown, validate
 from .yamlsource import SourceDoc, read_spec_file
 
-PIP_PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9,._-]+\])?==([A-Za-z0-9.+!_-]+)$")
-APT_RE = re.compile(r"^([a-z0-9][a-z0-9+.-]+)(=[A-Za-z0-9.+:~_-]+)?$")
-CONDA_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(=|==)([A-Za-z0-9.+_*-]+)$")
+# full-match patterns (re.fullmatch): a trailing newline is not a valid entry
+PIP_PIN_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9,._-]+\])?==([A-Za-z0-9.+!_-]+)")
+APT_RE = re.compile(r"([a-z0-9][a-z0-9+.-]+)(=[A-Za-z0-9.+:~_-]+)?")
+CONDA_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(=|==)([A-Za-z0-9.+_*-]+)")
 
 
 @dataclass(frozen=True)
@@ -168,21 +169,21 @@ def _check_packages(data: dict, doc: SourceDoc) -> list[EnvbuilderError]:
     errors = []
     pk = data.get("packages") or {}
     for n, entry in enumerate(pk.get("pip") or []):
-        if entry is not None and not PIP_PIN_RE.match(entry):
+        if entry is not None and not PIP_PIN_RE.fullmatch(entry):
             errors.append(EnvbuilderError(
-                f"packages.pip[{n}]", f"{entry!r} is not pinned to one version",
-                f"write it as name==version (e.g. {re.split('[<>=~! ]', entry)[0] or 'h5py'}==1.2.3); "
+                f"packages.pip[{n}]", f"{shown(entry)} is not pinned to one version",
+                f"write it as name==version (e.g. {re.split('[<>=~! ]', entry)[0][:40] or 'h5py'}==1.2.3); "
                 "pins keep the image reproducible", line=doc.line_of(f"packages.pip[{n}]"), source=doc.path))
     for n, entry in enumerate(pk.get("apt") or []):
-        if entry is not None and not APT_RE.match(entry):
+        if entry is not None and not APT_RE.fullmatch(entry):
             errors.append(EnvbuilderError(
-                f"packages.apt[{n}]", f"{entry!r} is not a Debian package name",
+                f"packages.apt[{n}]", f"{shown(entry)} is not a Debian package name",
                 "write name or name=version (e.g. git=1:2.39.5-0+deb12u1)",
                 line=doc.line_of(f"packages.apt[{n}]"), source=doc.path))
     for n, entry in enumerate(pk.get("conda") or []):
-        if entry is not None and not CONDA_RE.match(entry):
+        if entry is not None and not CONDA_RE.fullmatch(entry):
             errors.append(EnvbuilderError(
-                f"packages.conda[{n}]", f"{entry!r} is not pinned to one version",
+                f"packages.conda[{n}]", f"{shown(entry)} is not pinned to one version",
                 "write it as name=version (e.g. numpy=1.26.4)",
                 line=doc.line_of(f"packages.conda[{n}]"), source=doc.path))
     hv = data.get("horovod") or {}

@@ -351,12 +351,16 @@ def cluster_rules(spec: Spec, ctx: Context):
         yield Finding("CLUSTER_GPU_CPU", ERROR, "cluster.gpus_per_node",
                       "asks for GPUs, but the image is a CPU stack (no cuda section)",
                       "remove gpus_per_node, or add cuda: {...}", [])
+    if cl.gpus_per_node == 0 and spec.horovod and "nccl" in spec.horovod.operations:
+        yield Finding("CLUSTER_NO_GPU_NCCL", ERROR, "cluster.gpus_per_node",
+                      "is 0, but horovod.operations has nccl, which needs a GPU on every rank",
+                      "give the GPUs per node (e.g. gpus_per_node: 4), or drop nccl from horovod.operations", [])
     for n, bind in enumerate(cl.binds):
         parts = bind.split(":")
         if not parts[0].startswith("/") or len(parts) > 3 or (len(parts) == 3 and parts[2] not in ("ro", "rw")) \
                 or (len(parts) >= 2 and not parts[1].startswith("/")):
             yield Finding("BIND_FORMAT", ERROR, f"cluster.binds[{n}]",
-                          f"{bind!r} is not SRC[:DST[:ro|rw]] with absolute paths",
+                          f"{bind[:80]!r} is not SRC[:DST[:ro|rw]] with absolute paths",
                           "write e.g. /scratch or /data/set1:/data:ro", [])
 
 

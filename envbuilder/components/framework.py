@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..plan import Step
+from ..quoting import shell_word
 from ..resolve import Stack
 from .python import locked_env, pip
 
@@ -14,7 +15,7 @@ def devel_steps(stack: Stack) -> list[Step]:
     from ..lock.render import pip_group
 
     index = stack.framework_index_url
-    extra = f" --extra-index-url {index}" if index else ""
+    extra = f" --extra-index-url {shell_word(index, 'framework.index_url')}" if index else ""
     locked, mounts = pip_group(stack, "framework", f"{pip(stack)}{extra}")
     return [Step("framework", f"{fw.name} {fw.version}", locked or [
         f"{pip(stack)}{extra} {stack.framework_requirement}",

@@ -4,6 +4,7 @@ support into /opt/openmpi, so the container's MPI wires up with the host's srun 
 from __future__ import annotations
 
 from ..plan import Copy, Step
+from ..quoting import shell_word
 from ..resolve import Stack
 
 PREFIX = "/opt/openmpi"
@@ -44,7 +45,7 @@ def devel_steps(stack: Stack) -> list[Step]:
     return [Step("mpi", f"Open MPI {mpi.version} from the release tarball (sha256 checked), "
                         f"with Slurm and {mpi.pmi} support", [
         "mkdir -p /tmp/openmpi",
-        f"curl -fsSL --retry 3 -o /tmp/openmpi/{fname} {tar['url']}",
+        f"curl -fsSL --retry 3 -o /tmp/openmpi/{fname} {shell_word(tar['url'], 'sources.url')}",
         f"echo '{tar['sha256']}  /tmp/openmpi/{fname}' | sha256sum -c -",
         f"tar -xjf /tmp/openmpi/{fname} -C /tmp/openmpi",
         # env -C / make -C instead of `cd`: the step leaves the shell's directory alone (hadolint DL3003)

@@ -38,7 +38,7 @@ def channels() -> list[str]:
 
 def environment_yaml(packages: list[str], chans: list[str]) -> str:
     deps = sorted(set(packages) | {INSTALLER}) if not any(
-        CONDA_RE.match(p) and CONDA_RE.match(p).group(1) == INSTALLER for p in packages) else sorted(packages)
+        CONDA_RE.fullmatch(p) and CONDA_RE.fullmatch(p).group(1) == INSTALLER for p in packages) else sorted(packages)
     return yaml.safe_dump({"channels": chans, "dependencies": deps, "platforms": [PLATFORM]}, sort_keys=True)
 
 
@@ -67,7 +67,7 @@ def check_lockfile(data, spec_packages: list[str], source: str) -> dict:
             raise _bad(where, f"url {url!r} is not a conda package of version {p.get('version')}")
         by_name[p["name"]] = p
     for req in spec_packages + [INSTALLER]:
-        m = CONDA_RE.match(req)
+        m = CONDA_RE.fullmatch(req)
         name, op, version = (m.group(1), m.group(2), m.group(3)) if m else (req, "", "")
         got = by_name.get(name)
         if got is None:

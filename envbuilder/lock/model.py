@@ -23,15 +23,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import EnvbuilderError
+from ..quoting import CONTROL_RE, IMAGE_REF_RE
+from ..schema import URL_RE
 
 SCHEMA = "envbuilder.lock/1"
 LOCK_NAME = "envbuilder.lock"
 PIP_GROUPS = ("python", "framework", "horovod", "packages")   # install order in the image
 STAGES = ("devel", "runtime")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-VERSION_RE = re.compile(r"^[A-Za-z0-9.+!_:~-]+$")
+# full-match patterns (re.fullmatch): a lock value never carries a newline into a recipe
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+VERSION_RE = re.compile(r"[A-Za-z0-9.+!_:~-]{1,128}")
+FILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+%!-]{0,254}")
+TIME_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]{2,20}(?:Z|[+-][0-9]{2}:[0-9]{2})?")
+MAX_LOCK_BYTES = 64 * 1024 * 1024
 
 
 def canonical_name(name: str) -> str:
@@ -158,8 +164,12 @@ def _err(path: str | None, entry: str, reason: str, fix: str = "") -> LockError:
 
 
 def loads(text: str, path: str | None = None) -> Lock:
+    if len(text) > MAX_LOCK_BYTES:
+        raise _err(path, "envbuilder.lock", f"is {len(text)} bytes, more than a lock can be")
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise _err(path, "envbuilder.lock", "is nested too deeply to be a lock; the file is corrupt") from None
     except ValueError as exc:
         raise _err(path, "envbuilder.lock", f"is not valid JSON (line {getattr(exc, 'lineno', '?')}: "
                    f"{getattr(exc, 'msg', exc)}); the file is corrupt or truncated") from None
@@ -172,8 +182,20 @@ def loads(text: str, path: str | None = None) -> Lock:
                      ("pip", dict), ("seals", dict), ("resolvers", dict), ("resolved_at", str)):
         if not isinstance(data.get(key), typ):
             raise _err(path, key, f"is missing or not a {typ.__name__}")
-    if data.get("conda") is not None and not isinstance(data["conda"], dict):
-        raise _err(path, "conda", "is not an object")
+    if data.get("conda") is not None and not (isinstance(data["conda"], dict)
+                                              and isinstance(data["conda"].get("lockfile"), dict)
+                                              and isinstance(data["conda"]["lockfile"].get("package", []), list)
+                                              and all(isinstance(x, dict) for x in data["conda"]["lockfile"].get("package", []))):
+        raise _err(path, "conda", "is not an object with a conda-lock lockfile")
+    if not TIME_RE.fullmatch(data["resolved_at"]):
+        raise _err(path, "resolved_at", f"{data['resolved_at'][:40]!r} is not a time (YYYY-MM-DDTHH:MM:SSZ)")
+    if not NAME_RE.fullmatch(data["name"]):
+        raise _err(path, "name", f"{data['name'][:40]!r} is not a spec name")
+    for key, value in [("generated_by", data.get("generated_by", ""))] + [
+            (f"resolvers.{k}", v) for k, v in data["resolvers"].items()]:
+        if not isinstance(value, str) or len(value) > 200 or CONTROL_RE.search(value) \
+                or CONTROL_RE.search(key):
+            raise _err(path, key[:60], "is not one line of text (at most 200 characters)")
     lock = Lock(name=data["name"], inputs=data["inputs"], base=data["base"], apt=data["apt"],
                 sources=data["sources"], pip=data["pip"], conda=data.get("conda"),
                 resolved_at=data["resolved_at"], resolvers=data["resolvers"],
@@ -226,8 +248,10 @@ def check_entries(lock: Lock) -> None:
         where = f"base.{stage}"
         if not isinstance(b, dict) or not isinstance(b.get("ref"), str) or not isinstance(b.get("digest"), str):
             raise _err(p, where, "needs ref and digest")
-        if not DIGEST_RE.match(b["digest"]):
+        if not DIGEST_RE.fullmatch(b["digest"]):
             raise _err(p, where, f"digest {b['digest']!r} is not sha256:<64 hex digits>")
+        if not IMAGE_REF_RE.fullmatch(b["ref"]) or not IMAGE_REF_RE.fullmatch(str(b.get("pinned", b["ref"]))):
+            raise _err(p, where, f"reference {b['ref'][:80]!r} is not an image reference")
         if b.get("kind") == "repo-digest" and b.get("pinned") != f"{b['ref'].split('@')[0]}@{b['digest']}":
             raise _err(p, where, f"pinned reference {b.get('pinned')!r} does not carry its digest {b['digest']}")
     for stage, entries in lock.apt.items():
@@ -235,20 +259,22 @@ def check_entries(lock: Lock) -> None:
             raise _err(p, f"apt.{stage}", "is not a list")
         seen = set()
         for e in entries:
-            if not isinstance(e, dict) or not NAME_RE.match(str(e.get("name", ""))) \
-                    or not VERSION_RE.match(str(e.get("version", ""))):
+            if not isinstance(e, dict) or not NAME_RE.fullmatch(str(e.get("name", ""))) \
+                    or not VERSION_RE.fullmatch(str(e.get("version", ""))):
                 raise _err(p, f"apt.{stage}", f"entry {e!r} needs a package name and a version")
             where = f"apt.{stage}: {e['name']}"
             if e["name"] in seen:
                 raise _err(p, where, "is listed twice")
             seen.add(e["name"])
-            if e.get("sha256") is not None and not SHA256_RE.match(str(e["sha256"])):
+            if e.get("sha256") is not None and not SHA256_RE.fullmatch(str(e["sha256"])):
                 raise _err(p, where, f"sha256 {e['sha256']!r} is not 64 hex digits")
     for e in lock.sources:
-        if not isinstance(e, dict) or not e.get("name"):
-            raise _err(p, "sources", f"entry {e!r} has no name")
+        if not isinstance(e, dict) or not NAME_RE.fullmatch(str(e.get("name", ""))):
+            raise _err(p, "sources", f"entry {str(e)[:80]!r} has no valid name")
         where = f"sources: {e['name']}"
-        if not SHA256_RE.match(str(e.get("sha256", ""))):
+        if not URL_RE.fullmatch(str(e.get("url", ""))) or not FILE_RE.fullmatch(str(e.get("file", ""))):
+            raise _err(p, where, f"url {str(e.get('url'))[:80]!r} or file is not a plain https URL / file name")
+        if not SHA256_RE.fullmatch(str(e.get("sha256", ""))):
             raise _err(p, where, f"sha256 {e.get('sha256')!r} is not 64 hex digits")
         if not str(e.get("url", "")).endswith(str(e.get("file", "\0"))):
             raise _err(p, where, f"url {e.get('url')!r} does not end in its file {e.get('file')!r}")
@@ -261,7 +287,7 @@ def check_entries(lock: Lock) -> None:
         if not isinstance(lock.pip[group], list):
             raise _err(p, f"pip.{group}", "is not a list")
         for e in lock.pip[group]:
-            if not isinstance(e, dict) or not NAME_RE.match(str(e.get("name", ""))):
+            if not isinstance(e, dict) or not NAME_RE.fullmatch(str(e.get("name", ""))):
                 raise _err(p, f"pip.{group}", f"entry {e!r} has no valid name")
             where = f"pip.{group}: {e['name']}"
             key = canonical_name(e["name"])
@@ -272,9 +298,11 @@ def check_entries(lock: Lock) -> None:
             if key not in seen and e.get("overrides") is not None:
                 raise _err(p, where, f"overrides {e['overrides']} but no earlier group lists it")
             seen[key] = (group, e.get("version"))
-            if not VERSION_RE.match(str(e.get("version", ""))):
-                raise _err(p, where, f"version {e.get('version')!r} is not a version")
-            if not SHA256_RE.match(str(e.get("sha256", ""))):
+            if not VERSION_RE.fullmatch(str(e.get("version", ""))):
+                raise _err(p, where, f"version {str(e.get('version'))[:80]!r} is not a version")
+            if not FILE_RE.fullmatch(str(e.get("file", ""))):
+                raise _err(p, where, f"file {str(e.get('file'))[:80]!r} is not a file name")
+            if not SHA256_RE.fullmatch(str(e.get("sha256", ""))):
                 raise _err(p, where, f"sha256 {e.get('sha256')!r} is not 64 hex digits")
             parsed = file_version(str(e.get("file", "")))
             if not parsed:
@@ -286,7 +314,7 @@ def check_entries(lock: Lock) -> None:
     for pkg in lock.conda_packages():
         where = f"conda: {pkg.get('name')}"
         h = pkg.get("hash") or {}
-        if not SHA256_RE.match(str(h.get("sha256", ""))):
+        if not SHA256_RE.fullmatch(str(h.get("sha256", ""))):
             raise _err(p, where, "has no sha256 (conda-lock records md5 and sha256 for every package)")
         url = str(pkg.get("url", ""))
         if f"-{pkg.get('version')}-" not in url.rsplit("/", 1)[-1]:

@@ -1,32 +1,74 @@
 """Write an output folder atomically: all or nothing, and never delete what is already there,
 but for files in the folders envbuilder owns (``pins/``, the smoke suite) that this write no
-longer makes."""
+longer makes and that envbuilder itself made (by their names; anything else there is kept and
+named). Nothing outside the folder is touched: a symbolic link inside it is refused, not
+followed."""
 
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 from .errors import EnvbuilderError
 
 EXECUTABLE = {"job.sbatch"}
+OWNED = ("pins", "envbuilder_smoke")   # all generated: a file the new write lacks is stale
+# the names envbuilder gives files in the folders it owns (lock/render.py, the smoke suite)
+GENERATED = re.compile(r"pins/(?:apt|pip|conda)-[a-z0-9-]+\.(?:txt|yml)"
+                       r"|envbuilder_smoke/(?:[a-z_][a-z0-9_]*\.py|__pycache__/[A-Za-z0-9_.-]+\.pyc)")
 
 
-def _unwritable(folder: Path, exc: OSError) -> EnvbuilderError:
-    return EnvbuilderError("--out", f"cannot write to {folder}: {exc.strerror or exc}",
-                           "choose a folder you can write to with --out DIR")
+def _unwritable(folder: Path, exc: OSError, name: str | None = None) -> EnvbuilderError:
+    where = f"{folder / name}" if name else f"{folder}"
+    return EnvbuilderError("--out", f"cannot write {where}: {exc.strerror or exc}",
+                           "choose a folder you can write to with --out DIR" if not name else
+                           f"remove or rename {where}, or choose another folder with --out DIR")
 
 
-def write_folder(folder: Path, files: dict[str, bytes], *, complete: bool = False) -> list[Path]:
+def _check_paths(folder: Path, files: dict[str, bytes]) -> None:
+    """Before anything is written: no link inside the folder (it would lead out of it), and
+    every target a file or nothing (not a folder)."""
+    seen = set()
+    for name in sorted(files):
+        parts = Path(name).parts
+        if Path(name).is_absolute() or ".." in parts:
+            raise EnvbuilderError("--out", f"{name} is not a path inside the output folder",
+                                  "this is a bug in envbuilder: report it")
+        for n in range(1, len(parts) + 1):
+            rel = "/".join(parts[:n])
+            if rel in seen:
+                continue
+            seen.add(rel)
+            path = folder / rel
+            if path.is_symlink():
+                raise EnvbuilderError("--out", f"{path} is a symbolic link; envbuilder never writes "
+                                      "through a link (it could lead out of the output folder)",
+                                      f"remove the link {path}, or choose another folder with --out DIR")
+            if n < len(parts) and path.exists() and not path.is_dir():
+                raise EnvbuilderError("--out", f"{path} is a file where envbuilder needs a folder",
+                                      f"move {path} away, or choose another folder with --out DIR")
+            if n == len(parts) and path.exists() and not path.is_file():
+                raise EnvbuilderError("--out", f"{path} is not a plain file (a folder?) where envbuilder "
+                                      "writes one", f"move {path} away, or choose another folder with --out DIR")
+    for owned in OWNED:
+        if (folder / owned).is_symlink():
+            raise EnvbuilderError("--out", f"{folder / owned} is a symbolic link; envbuilder never follows "
+                                  "a link out of the output folder",
+                                  f"remove the link {folder / owned}, or choose another folder with --out DIR")
+
+
+def write_folder(folder: Path, files: dict[str, bytes], *, complete: bool = False, note=None) -> list[Path]:
     """Write ``files`` under ``folder``. A new folder appears complete or not at all; in an
-    existing folder each file is replaced atomically and other files are left alone, but for
-    (``complete``: ``files`` is everything a build folder holds) stale files in the folders
-    envbuilder owns (``OWNED``)."""
+    existing folder every file is staged first, then swapped in; a failure puts the old files
+    back and names the file. Other files are left alone, but for (``complete``: ``files`` is
+    everything a build folder holds) stale generated files in the folders envbuilder owns."""
     folder = Path(folder)
     parent = folder.parent
-    written = []
     try:
         if not folder.exists():
             parent.mkdir(parents=True, exist_ok=True)
@@ -41,46 +83,87 @@ def write_folder(folder: Path, files: dict[str, bytes], *, complete: bool = Fals
         if not folder.is_dir():
             raise EnvbuilderError("--out", f"{folder} exists and is not a folder",
                                   "choose another path with --out DIR")
-        # existing folder: stage every file first, then swap each one in
-        staged = []
-        try:
-            for name, data in sorted(files.items()):
-                target = folder / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-                staged.append((tmp, target))
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                os.chmod(tmp, 0o755 if name in EXECUTABLE else 0o644)
-        except BaseException:
-            for tmp, _ in staged:
-                Path(tmp).unlink(missing_ok=True)
-            raise
-        for tmp, target in staged:
-            os.replace(tmp, target)
-            written.append(target)
-        if complete:
-            _drop_stale(folder, files)
-        return written
-    except PermissionError as exc:
-        raise _unwritable(folder, exc) from None
     except OSError as exc:
         raise _unwritable(folder, exc) from None
+    _check_paths(folder, files)
+    return _update(folder, files, complete, note or _note)
 
 
-OWNED = ("pins", "envbuilder_smoke")   # all generated: a file the new write lacks is stale
+def _note(text: str) -> None:
+    print(f"note: {text}", file=sys.stderr)
 
 
-def _drop_stale(folder: Path, files: dict[str, bytes]) -> None:
+def _update(folder: Path, files: dict[str, bytes], complete: bool, note) -> list[Path]:
+    staged: list[tuple[str, Path, str]] = []       # (tmp, target, name)
+    made_dirs: list[Path] = []
+    swapped: list[tuple[Path, str | None]] = []     # (target, backup or None when it was new)
+    current = None
+    try:
+        for name, data in sorted(files.items()):
+            current = name
+            target = folder / name
+            for d in reversed(list(Path(name).parents)[:-1]):
+                if not (folder / d).exists():
+                    (folder / d).mkdir()
+                    made_dirs.append(folder / d)
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+            staged.append((tmp, target, name))
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.chmod(tmp, 0o755 if name in EXECUTABLE else 0o644)
+        for tmp, target, name in staged:
+            current = name
+            backup = None
+            if target.exists():
+                backup = str(target.parent / f".{target.name}.old.{os.getpid()}.{secrets.token_hex(4)}")
+                os.link(target, backup)
+            swapped.append((target, backup))
+            os.replace(tmp, target)
+    except (OSError, EnvbuilderError) as exc:
+        for target, backup in reversed(swapped):
+            try:
+                if backup:
+                    os.replace(backup, target)
+                else:
+                    target.unlink(missing_ok=True)
+            except OSError:
+                pass
+        for tmp, _, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+        for d in reversed(made_dirs):
+            shutil.rmtree(d, ignore_errors=True)
+        if isinstance(exc, EnvbuilderError):
+            raise
+        raise _unwritable(folder, exc, current) from None
+    except BaseException:
+        for tmp, _, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    for _, backup in swapped:
+        if backup:
+            Path(backup).unlink(missing_ok=True)
+    if complete:
+        _drop_stale(folder, files, note)
+    return [target for _, target, _ in staged]
+
+
+def _drop_stale(folder: Path, files: dict[str, bytes], note) -> None:
     """A lock that no longer has a pip group must not leave that group's old pins file behind
-    (it would sit in the build context, and mislead whoever reads the folder)."""
+    (it would sit in the build context, and mislead whoever reads the folder). A file there
+    that envbuilder did not make is kept, and named."""
     for owned in OWNED:
         base = folder / owned
-        if not base.is_dir():
+        if base.is_symlink() or not base.is_dir():
             continue
         for path in sorted(base.rglob("*")):
-            if path.is_file() and path.relative_to(folder).as_posix() not in files:
+            rel = path.relative_to(folder).as_posix()
+            if path.is_symlink() or not path.is_file() or rel in files:
+                continue
+            if GENERATED.fullmatch(rel):
                 path.unlink()
+            else:
+                note(f"kept {path}: envbuilder did not write it, but {owned}/ is envbuilder's "
+                     "(it goes into the build context); move it elsewhere")
 
 
 def _write_all(root: Path, files: dict[str, bytes]) -> None:

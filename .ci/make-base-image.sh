@@ -5,14 +5,29 @@
 # already exists (pass --force to rebuild). The rootfs is made to look like Docker
 # Hub's debian:bookworm: minbase, deb822 sources for bookworm, -updates and -security,
 # empty apt lists, no machine-specific files, normalised file times.
+#
+# --plain: the same rootfs without Docker Hub's apt settings (no docker-clean: apt keeps its
+# caches unless told otherwise), as a site base made by plain debootstrap has it; tagged
+# local/debian:bookworm-plain. The recipes must leave no apt cache on either base.
 set -euo pipefail
 
-TAG="${ENVBUILDER_BASE_IMAGE:-local/debian:bookworm}"
+PLAIN=0
+FORCE=0
+for arg in "$@"; do
+    case $arg in
+        --force) FORCE=1 ;;
+        --plain) PLAIN=1 ;;
+        *) echo "usage: make-base-image.sh [--force] [--plain]" >&2; exit 2 ;;
+    esac
+done
+if [ "$PLAIN" = 1 ]; then
+    TAG="${ENVBUILDER_PLAIN_BASE_IMAGE:-local/debian:bookworm-plain}"
+else
+    TAG="${ENVBUILDER_BASE_IMAGE:-local/debian:bookworm}"
+fi
 SUITE=bookworm
 DOCKER="${DOCKER:-/usr/bin/docker}"
 [ -x "$DOCKER" ] || DOCKER="$(command -v docker)"
-FORCE=0
-[ "${1:-}" = "--force" ] && FORCE=1
 
 # One build at a time on this machine.
 exec 9>/var/lock/envbuilder-base-image.lock
@@ -67,7 +82,8 @@ Suites: $SUITE-security
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
-# Container-friendly apt settings, as the official image has them.
+# Container-friendly apt settings, as the official image has them (not in the --plain base).
+if [ "$PLAIN" = 0 ]; then
 cat >"$ROOT/etc/apt/apt.conf.d/docker-clean" <<'CONF'
 DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
 APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
@@ -77,6 +93,7 @@ CONF
 echo 'Acquire::Languages "none";' >"$ROOT/etc/apt/apt.conf.d/docker-no-languages"
 echo 'Acquire::GzipIndexes "true";' >"$ROOT/etc/apt/apt.conf.d/docker-gzip-indexes"
 echo 'APT::AutoRemove::SuggestsImportant "false";' >"$ROOT/etc/apt/apt.conf.d/docker-autoremove-suggests"
+fi
 
 # Drop what is machine- or time-specific.
 rm -rf "${ROOT:?}"/var/lib/apt/lists/* "${ROOT:?}"/var/cache/apt/*.bin "${ROOT:?}"/var/cache/apt/archives/*.deb \
@@ -120,7 +137,8 @@ config = {
     },
     "rootfs": {"type": "layers", "diff_ids": ["sha256:" + rootfs_sha]},
     "history": [{"created": created,
-                 "created_by": f"debootstrap --variant=minbase {suite} {mirror}"}],
+                 "created_by": f"debootstrap --variant=minbase {suite} {mirror}"
+                               + (" (no docker-clean apt settings)" if tag.endswith("-plain") else "")}],
 }
 data = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 name = hashlib.sha256(data).hexdigest() + ".json"

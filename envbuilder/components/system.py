@@ -10,12 +10,21 @@ from ..resolve import Stack
 from . import conda, cuda, horovod, mpi, packages, python
 
 
+# apt's caches, removed in the step that made them, whatever the base's apt settings: Docker
+# Hub's debian images delete them through /etc/apt/apt.conf.d/docker-clean, a base made by plain
+# debootstrap keeps the .deb files (135 MB for the torch image) and pkgcache.bin/srcpkgcache.bin
+# (which differ between two builds of one lock).
+APT_CLEAN = ["apt-get clean",
+             "rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /var/cache/apt/archives/*.deb "
+             "/var/cache/apt/archives/partial/*"]
+
+
 def _apt_install(packages_: list[str]) -> list[str]:
     return [
         "apt-get update",
         "DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "
         + " ".join(sorted(set(packages_))),
-        "rm -rf /var/lib/apt/lists/*",
+        *APT_CLEAN,
     ]
 
 
@@ -45,7 +54,8 @@ def _locked_install(stage: str) -> tuple[list[str], str]:
     return [
         "apt-get update",
         f"xargs -a /{pins} env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends",
-        "rm -rf /var/lib/apt/lists/* /var/log/apt /var/log/dpkg.log /var/cache/ldconfig/aux-cache",
+        *APT_CLEAN,
+        "rm -rf /var/log/apt /var/log/dpkg.log /var/cache/ldconfig/aux-cache",
     ], pins
 
 

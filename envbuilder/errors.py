@@ -34,15 +34,19 @@ class EnvbuilderError(Exception):
         return place
 
     def message(self) -> str:
+        from .quoting import redact_url      # credentials in a URL are never repeated
+
         where = self.where()
         head = f"{where}: " if where else ""
         text = f"{head}{self.field}: {self.reason}"
         if self.fix:
             text += f"\n  fix: {self.fix}"
-        return text
+        return redact_url(text)
 
     def as_dict(self) -> dict:
-        return {"field": self.field, "reason": self.reason, "fix": self.fix,
+        from .quoting import redact_url
+
+        return {"field": redact_url(self.field), "reason": redact_url(self.reason), "fix": redact_url(self.fix),
                 "line": self.line, "source": self.source}
 
     def __str__(self) -> str:

@@ -25,6 +25,7 @@ import urllib.parse
 from pathlib import Path
 
 from ..errors import CheckFailed, EnvbuilderError
+from ..quoting import redact_url
 from .model import PIP_GROUPS, canonical_name, pip_by_name
 
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -116,13 +117,13 @@ def _entry(item: dict) -> dict:
         sha = _sha256_file(Path(urllib.parse.unquote(parsed.path)))
     if not sha:
         raise CheckFailed(f"lock: pip: {item['metadata']['name']}",
-                          f"the index gave no sha256 for {url}", "use an index that publishes hashes (PyPI does)")
+                          f"the index gave no sha256 for {redact_url(url)}", "use an index that publishes hashes (PyPI does)")
     meta = item["metadata"]
     entry = {"name": meta["name"], "version": meta["version"],
              "file": urllib.parse.unquote(url.rsplit("/", 1)[-1]), "sha256": sha}
     entry["from"] = "wheelhouse" if local else "index"
     if not local:
-        entry["url"] = url
+        entry["url"] = redact_url(url)     # a private index's user:password never reaches the lock
     return entry
 
 

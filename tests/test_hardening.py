@@ -1,0 +1,458 @@
+"""No spec value runs as code in a generated file (issue 15).
+
+Adversarial text goes into every string field of the schema that reaches a file; each build
+either refuses it (exit 2, one message naming the field, nothing written) or writes files in
+which it is text: the Dockerfile keeps its instructions (dockerfile-parse) and Docker itself
+stores ENV/LABEL values as written, Apptainer.def keeps its sections (split the way Apptainer
+splits them, and spython's parser) and its %environment, sourced by sh, yields the text, the
+#SBATCH directives are the same ones sbatch reads (all before the first command), and
+job.sbatch, run with stub srun/scontrol/module commands on PATH, creates no marker file.
+`cluster.command` is raw shell by design (README, schema) and is left out.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import re
+import shlex
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import RECIPES
+
+from envbuilder.cli import main
+from envbuilder.schema import SPEC_FIELDS
+
+MARK = "MARKER"
+PAYLOADS = [
+    f"$(touch {MARK})",
+    f"`touch {MARK}`",
+    f'x"; touch {MARK}; echo "',
+    f"x' && touch {MARK} && echo '",
+    f"%setup touch {MARK}",
+    f"}}$(touch {MARK})",
+    f"a && touch {MARK}",
+    f"\\$(touch {MARK})\\",
+    f"${{X:-$(touch {MARK})}}",
+]
+NEWLINE = f"ok\n%setup\n    touch {MARK}\nRUN touch {MARK}\n#SBATCH --x"
+
+# where a payload goes in a field that holds paths or names (still text: it must stay text)
+PATH_FIELDS = {"cluster.image_path", "cluster.local_scratch", "cluster.venv", "cluster.stage",
+               "cluster.binds"}
+HOST_FIELDS = {"cluster.venv", "cluster.modules"}
+RAW_BY_DESIGN = {"cluster.command"}
+
+
+def _string_fields(fields=SPEC_FIELDS, prefix=""):
+    """Every dotted field of the schema that holds text (strings, versions, lists and maps of
+    them): the test covers the schema as it is, not a list kept by hand."""
+    for key, f in fields.items():
+        path = f"{prefix}{key}"
+        if f.kind == "object":
+            yield from _string_fields(f.children, path + ".")
+        elif f.kind in ("string", "version") and not f.enum:
+            yield path
+        elif f.kind == "list" and f.items.kind == "string" and not f.items.enum:
+            yield path + "[0]"
+        elif f.kind == "map":
+            yield path + ".value"
+            yield path + ".key"
+
+
+FIELDS = [f for f in _string_fields() if f.split("[")[0] not in RAW_BY_DESIGN]
+
+
+def _preset() -> dict:
+    return yaml.safe_load((RECIPES / "cpu-torch.yaml").read_text())
+
+
+def _set(data: dict, field: str, value: str) -> None:
+    parts = field.replace("[0]", "").split(".")
+    node = data
+    for p in parts[:-1]:
+        if p in ("env",) and parts[-1] in ("value", "key") and p == parts[-2]:
+            break
+        node = node.setdefault(p, {})
+    last = parts[-1]
+    if last == "value":
+        node.setdefault(parts[-2], {})["HB_VAR"] = value
+    elif last == "key":
+        node.setdefault(parts[-2], {})[value] = "x"
+    elif field.endswith("[0]"):
+        node[last] = [value]
+    elif last == "sweep":
+        node[last] = [value]
+    else:
+        node[last] = value
+
+
+def _value_for(field: str, payload: str, root: Path) -> str:
+    base = field.replace("[0]", "")
+    if base in PATH_FIELDS:
+        return f"{root}/{payload}".replace(":", "_")
+    if base == "cluster.sweep":
+        return "hb=" + payload.replace(",", "_")
+    return payload
+
+
+def _build(tmp_path: Path, data: dict, name: str, capsys):
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    out = tmp_path / name
+    code = main(["build", str(spec), "--no-build", "--out", str(out)])
+    captured = capsys.readouterr()
+    return code, out, captured.err
+
+
+# --- how each tool reads the files ---------------------------------------------------------------
+
+def _docker_instructions(text: str) -> list[str]:
+    from dockerfile_parse import DockerfileParser
+
+    p = DockerfileParser(fileobj=io.BytesIO())
+    p.content = text
+    return [i["instruction"] for i in p.structure if i["instruction"] != "COMMENT"]
+
+
+def _apptainer_sections(text: str) -> list[str]:
+    """Apptainer: a line whose first word starts with % opens a section."""
+    return [line.split()[0] for line in text.splitlines() if line.strip().startswith("%")]
+
+
+def _spython_sections(path: Path) -> dict:
+    from spython.main.parse.parsers import SingularityParser
+
+    recipe = SingularityParser(str(path)).recipe
+    return {stage: (r.fromHeader, len(r.install), len(r.environ), len(r.labels)) for stage, r in recipe.items()}
+
+
+def _apptainer_environment(text: str) -> str:
+    body, inside = [], False
+    for line in text.splitlines():
+        if line.strip().startswith("%"):
+            inside = line.split()[0] == "%environment"
+            continue
+        if inside:
+            body.append(line)
+    return "\n".join(body) + "\n"
+
+
+def _sbatch_directives(text: str) -> tuple[list[str], int]:
+    """The #SBATCH lines sbatch reads (up to the first line that is not a comment or blank),
+    and how many #SBATCH lines the whole file has."""
+    read = []
+    for line in text.splitlines()[1:]:
+        s = line.strip()
+        if s and not s.startswith("#"):
+            break
+        if s.startswith("#SBATCH"):
+            read.append(s)
+    return read, sum(1 for line in text.splitlines() if line.strip().startswith("#SBATCH"))
+
+
+def _stubs(root: Path) -> Path:
+    bin_ = root / "stub-bin"
+    bin_.mkdir(parents=True, exist_ok=True)
+    for name, body in {"srun": "exit 0", "scontrol": "echo localhost", "module": "exit 0"}.items():
+        p = bin_ / name
+        p.write_text(f"#!/bin/sh\n{body}\n")
+        p.chmod(p.stat().st_mode | stat.S_IXUSR)
+    return bin_
+
+
+def _markers(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.name == MARK]
+
+
+def _run_job(out: Path, root: Path, field: str, value: str) -> subprocess.CompletedProcess:
+    base = field.replace("[0]", "")
+    if base in ("cluster.image_path",):
+        Path(value).parent.mkdir(parents=True, exist_ok=True)
+        Path(value).write_text("image")
+    if base in ("cluster.binds", "cluster.stage"):
+        Path(value).mkdir(parents=True, exist_ok=True)
+    if base == "cluster.venv":
+        py = Path(value) / "bin" / "python"
+        py.parent.mkdir(parents=True, exist_ok=True)
+        py.write_text("#!/bin/sh\n")
+        py.chmod(0o755)
+    if base != "cluster.image_path":
+        (out / "cpu-torch-horovod.sif").write_text("image")
+    env = {"PATH": f"{_stubs(root)}:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(root),
+           "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(out), "SLURM_ARRAY_TASK_ID": "0",
+           "TMPDIR": str(root / "tmp")}
+    (root / "tmp").mkdir(exist_ok=True)
+    return subprocess.run(["bash", str(out / "job.sbatch")], cwd=out, env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+# --- the test ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    root = tmp_path_factory.mktemp("baseline")
+    out = {}
+    for runtime in ("apptainer", "host"):
+        data = _preset()
+        data["cluster"]["runtime"] = runtime
+        spec = root / f"{runtime}.yaml"
+        spec.write_text(yaml.safe_dump(data, sort_keys=False))
+        assert main(["build", str(spec), "--no-build", "--out", str(root / runtime)]) == 0
+        folder = root / runtime
+        out[runtime] = {
+            "docker": _docker_instructions((folder / "Dockerfile").read_text()),
+            "apptainer": _apptainer_sections((folder / "Apptainer.def").read_text()),
+            "spython": _spython_sections(folder / "Apptainer.def"),
+            "sbatch": [d.split("=")[0] for d in _sbatch_directives((folder / "job.sbatch").read_text())[0]],
+        }
+    return out
+
+
+def test_the_schema_fields_under_test_are_all_there():
+    # a field added to the schema is picked up here; these must be among them
+    for f in ("description", "framework.index_url", "base", "runtime_base", "env.value", "env.key",
+              "cluster.partition", "cluster.account", "cluster.image_path", "cluster.local_scratch",
+              "cluster.network_interface", "cluster.venv", "cluster.binds[0]", "cluster.modules[0]",
+              "cluster.env.value", "cluster.stage", "cluster.sweep[0]", "packages.apt[0]", "name"):
+        assert f in FIELDS, f
+    assert len(FIELDS) >= 30
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_adversarial_text_in_a_field_is_refused_or_stays_text(field, tmp_path, capsys, baseline):
+    base = field.replace("[0]", "")
+    runtime = "host" if base in HOST_FIELDS else "apptainer"
+    for n, payload in enumerate(PAYLOADS + [NEWLINE]):
+        data = _preset()
+        data["cluster"]["runtime"] = runtime
+        value = _value_for(field, payload, tmp_path / f"p{n}")
+        _set(data, field, value)
+        code, out, err = _build(tmp_path, data, f"b{n}", capsys)
+        if code != 0:
+            assert code == 2, err
+            assert err.startswith("error: ") and "Traceback" not in err, err
+            shown_field = field.split("[")[0].replace(".value", "").replace(".key", "")
+            assert shown_field.split(".")[-1] in err or "spec" in err, err
+            assert not out.exists(), f"{field}: refused but wrote {out}"
+            continue
+        assert payload != NEWLINE, f"{field}: a newline was accepted"
+        docker = (out / "Dockerfile").read_text()
+        apptainer = (out / "Apptainer.def").read_text()
+        job = (out / "job.sbatch").read_text()
+        want = baseline[runtime]
+        assert _docker_instructions(docker) == want["docker"], f"{field}={payload!r}: Dockerfile instructions changed"
+        assert _apptainer_sections(apptainer) == want["apptainer"], f"{field}={payload!r}: Apptainer sections changed"
+        got = _spython_sections(out / "Apptainer.def")
+        assert got.keys() == want["spython"].keys()
+        assert all(got[s][1:] == want["spython"][s][1:] or base == "env.value" for s in got), (field, got)
+        directives, total = _sbatch_directives(job)
+        assert len(directives) == total, f"{field}={payload!r}: an #SBATCH line after the first command"
+        opts = [d.split("=")[0] for d in directives]
+        assert set(opts) - {"#SBATCH --array"} == set(want["sbatch"]), (field, directives)
+        for d in directives:
+            assert len(shlex.split(d)) == 2, d                 # '#SBATCH' and one --opt=value word
+        if base == "env.value":
+            envfile = tmp_path / f"env{n}.sh"
+            envfile.write_text(_apptainer_environment(apptainer))
+            proc = subprocess.run(["sh", "-c", f'. "{envfile}"; printf %s "$HB_VAR"'], cwd=tmp_path,
+                                  capture_output=True, text=True)
+            assert proc.stdout == value, (field, proc.stdout)
+        proc = _run_job(out, tmp_path / f"p{n}", field, value)
+        assert proc.returncode == 0, f"{field}={payload!r}: job.sbatch failed\n{proc.stderr[-2000:]}"
+        assert not _markers(tmp_path), f"{field}={payload!r}: a value ran as code"
+        if base == "cluster.sweep":
+            assert (out / "runs").exists()
+
+
+def test_docker_stores_env_and_label_text_as_written(tmp_path, capsys):
+    """The final stage's LABEL and ENV instructions, built by Docker itself (FROM scratch: no
+    RUN, a second): every env value and the description come back byte for byte."""
+    from infra import docker_cli, require_docker
+
+    require_docker()
+    data = _preset()
+    data["env"] = {f"HB_{n}": p for n, p in enumerate(PAYLOADS)}
+    data["description"] = " | ".join(PAYLOADS)
+    code, out, err = _build(tmp_path, data, "docker", capsys)
+    assert code == 0, err
+    from dockerfile_parse import DockerfileParser
+
+    p = DockerfileParser(fileobj=io.BytesIO())
+    p.content = (out / "Dockerfile").read_text()
+    keep = [i["content"] for i in p.structure if i["instruction"] in ("LABEL", "ENV")]
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text("FROM scratch\n" + "".join(keep))
+    tag = "envbuilder-test-harden/labels:latest"
+    subprocess.run([docker_cli(), "build", "-q", "-t", tag, str(ctx)], check=True, capture_output=True,
+                   env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    try:
+        import json
+
+        info = json.loads(subprocess.run([docker_cli(), "image", "inspect", tag], check=True,
+                                         capture_output=True, text=True).stdout)[0]["Config"]
+    finally:
+        subprocess.run([docker_cli(), "image", "rm", "-f", tag], capture_output=True)
+    env = dict(e.split("=", 1) for e in info["Env"])
+    for n, payload in enumerate(PAYLOADS):
+        assert env[f"HB_{n}"] == payload
+    assert info["Labels"]["org.opencontainers.image.description"] == data["description"]
+    assert env["PATH"].startswith("/opt/venv/bin:")          # the components' own $PATH still expands
+
+
+def test_secrets_are_refused_and_credentials_never_repeated(tmp_path, capsys):
+    cases = [
+        ("env", {"HF_TOKEN": "hf_abc123"}, "env.HF_TOKEN"),
+        ("cluster.env", {"WANDB_API_KEY": "k123"}, "cluster.env.WANDB_API_KEY"),
+        ("framework.index_url", "https://alice:s3cr3tpw@pypi.example.org/simple", "framework.index_url"),
+    ]
+    for n, (field, value, named) in enumerate(cases):
+        data = _preset()
+        node = data
+        *parents, last = field.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+        code, out, err = _build(tmp_path, data, f"s{n}", capsys)
+        assert code == 2 and named in err, err
+        assert "s3cr3tpw" not in err and "hf_abc123" not in err and "k123" not in err, err
+        assert not out.exists()
+    data = _preset()
+    data["cluster"]["sweep"] = ["lr=https://bob:pw9876@x.example/a"]
+    code, _, err = _build(tmp_path, data, "s9", capsys)
+    assert code == 2 and "pw9876" not in err and "***@" in err, err
+
+
+def test_sweep_names_cannot_replace_the_scripts_variables(tmp_path, capsys):
+    for name in ("path", "IFS", "output_dir", "SLURM_JOB_ID", "HOME", "ENVBUILDER_IMAGE"):
+        data = _preset()
+        data["cluster"]["sweep"] = [f"{name}=a,b"]
+        code, out, err = _build(tmp_path, data, f"w{name}", capsys)
+        assert code == 2 and "sweep" in err and name.upper() in err, err
+    data = _preset()
+    data["cluster"]["sweep"] = [f"v{n}=" + ",".join(str(i) for i in range(100)) for n in range(6)]   # 10^12
+    code, _, err = _build(tmp_path, data, "huge", capsys)
+    assert code == 2 and "1000000000000 combinations" in err, err
+
+
+def test_gpus_per_node_zero_with_nccl_is_refused(tmp_path, capsys):
+    data = yaml.safe_load((RECIPES / "gpu-pytorch.yaml").read_text())
+    assert "nccl" in data["horovod"]["operations"]
+    data.setdefault("cluster", {})["gpus_per_node"] = 0
+    code, out, err = _build(tmp_path, data, "g", capsys)
+    assert code == 2 and "cluster.gpus_per_node" in err and "nccl" in err, err
+
+
+# --- the output folder ---------------------------------------------------------------------------
+
+def test_a_link_in_the_output_folder_is_refused_and_nothing_outside_is_touched(tmp_path, capsys):
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "train.py").write_text("keep me")
+    out = repo / "images" / "x"
+    data = _preset()
+    code, _, err = _build(tmp_path, data, "first", capsys)
+    assert code == 0
+    (tmp_path / "first").rename(out.parent.mkdir(parents=True) or out)
+    (out / "pins").symlink_to("../..")
+    spec = tmp_path / "first.yaml"
+    assert main(["build", str(spec), "--no-build", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "symbolic link" in err and "pins" in err, err
+    assert (repo / "src" / "train.py").read_text() == "keep me"
+    assert sorted(p.name for p in repo.iterdir()) == ["images", "src"]
+
+
+def test_a_failed_update_puts_every_old_file_back_and_names_the_file(tmp_path, monkeypatch):
+    from envbuilder.errors import EnvbuilderError
+    from envbuilder.output import write_folder
+
+    folder = tmp_path / "out"
+    write_folder(folder, {"Dockerfile": b"old", "job.sbatch": b"old"}, complete=True)
+    (folder / "manifest.json").mkdir()                       # a folder where a file goes
+    with pytest.raises(EnvbuilderError) as exc:
+        write_folder(folder, {"Dockerfile": b"new", "job.sbatch": b"new", "manifest.json": b"{}"}, complete=True)
+    assert "manifest.json" in exc.value.message()
+    assert (folder / "Dockerfile").read_bytes() == b"old" and (folder / "job.sbatch").read_bytes() == b"old"
+    assert sorted(p.name for p in folder.iterdir()) == ["Dockerfile", "job.sbatch", "manifest.json"]
+    # a failure during the swap itself (a full disk, a file system gone read-only): the files
+    # swapped in so far go back. Fault injection: the third rename fails.
+    (folder / "manifest.json").rmdir()
+    real, calls = os.replace, []
+
+    def failing(src, dst):
+        calls.append(dst)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing)
+    with pytest.raises(EnvbuilderError) as exc:
+        write_folder(folder, {"Dockerfile": b"new", "job.sbatch": b"new", "manifest.json": b"{}"}, complete=True)
+    monkeypatch.undo()
+    assert "No space left" in exc.value.message() and "manifest.json" in exc.value.message()
+    assert (folder / "Dockerfile").read_bytes() == b"old" and (folder / "job.sbatch").read_bytes() == b"old"
+    assert sorted(p.name for p in folder.iterdir()) == ["Dockerfile", "job.sbatch"]
+
+
+def test_user_files_in_owned_folders_are_kept_and_named(tmp_path):
+    from envbuilder.output import write_folder
+
+    folder = tmp_path / "out"
+    write_folder(folder, {"pins/pip-python.txt": b"a", "pins/pip-packages.txt": b"b"}, complete=True)
+    (folder / "pins" / "my-notes.md").write_text("mine")
+    notes = []
+    write_folder(folder, {"pins/pip-python.txt": b"a"}, complete=True, note=notes.append)
+    assert not (folder / "pins" / "pip-packages.txt").exists()            # stale, generated: gone
+    assert (folder / "pins" / "my-notes.md").read_text() == "mine"
+    assert len(notes) == 1 and "my-notes.md" in notes[0]
+
+
+# --- inputs that used to crash or hang -----------------------------------------------------------
+
+BOMB = "\n".join(["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"] + [
+    f"{chr(98 + n)}: &{chr(98 + n)} [" + ", ".join([f"*{chr(97 + n)}"] * 9) + "]" for n in range(8)])
+
+
+@pytest.mark.parametrize("text, field", [
+    (BOMB, "aliases"),
+    ("a: " + "[" * 500 + "]" * 500, "nested"),
+    ("a: &x [*x]", "nested"),
+    ("name: x\n<<: {python: '3.11'}", "merge keys"),
+    ("name: !!python/name:os.system x", "tag"),
+    ("name: !!int 'two'", "tag"),
+    ("name: !!binary aGVsbG8=", "tag"),
+    ("cluster: {nodes: " + "9" * 5000 + "}", "number"),
+    ("packages: {pip: [null]}", "empty entry"),
+    ("framework: {name: pytorch, version: '" + "1." * 24000 + "x!'}", "not a version"),
+    ("name: 'x\n'", "name"),
+])
+def test_hostile_yaml_is_one_message_and_exit_2_fast(text, field, tmp_path, capsys):
+    import time
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(text)
+    t = time.monotonic()
+    code = main(["check", str(spec)])
+    took = time.monotonic() - t
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and field in err, err
+    assert took < 2, f"{took:.1f} s"
+
+
+def test_a_lock_nested_100000_deep_is_one_message(tmp_path, capsys):
+    from envbuilder.errors import EnvbuilderError
+    from envbuilder.lock.model import loads
+
+    with pytest.raises(EnvbuilderError) as exc:
+        loads("[" * 100000 + "]" * 100000)
+    assert "nested too deeply" in exc.value.message()
+    with pytest.raises(EnvbuilderError):
+        loads('{"schema": "envbuilder.lock/1", "conda": 5}')

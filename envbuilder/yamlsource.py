@@ -136,9 +136,10 @@ def parse_yaml_text(text: str, source: str) -> SourceDoc:
     if len(text) > MAX_BYTES:
         raise EnvbuilderError("spec", f"is {len(text)} characters long, more than a spec can be "
                               f"({MAX_BYTES})", "give the path of a YAML spec", source=source)
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
         _prescan(text, source)
+        loader = yaml.SafeLoader(text)
         root = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -151,7 +152,8 @@ def parse_yaml_text(text: str, source: str) -> SourceDoc:
         raise EnvbuilderError("spec", f"YAML syntax error: {str(exc)[:200]}", "fix the YAML syntax",
                               source=source) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if root is None:
         raise EnvbuilderError("spec", "the file is empty",
                               "start from a recipe: `envbuilder presets` lists them", source=source)

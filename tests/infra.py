@@ -89,6 +89,21 @@ def base_image() -> str:
     return BASE_IMAGE
 
 
+PLAIN_BASE_IMAGE = os.environ.get("ENVBUILDER_PLAIN_BASE_IMAGE", "local/debian:bookworm-plain")
+
+
+def plain_base_image() -> str:
+    """The debootstrap base without Docker Hub's docker-clean apt settings (.ci/make-base-image.sh
+    --plain), after checking that the engine has it."""
+    client = docker_client()
+    try:
+        client.images.get(PLAIN_BASE_IMAGE)
+    except Exception as exc:  # noqa: BLE001
+        _unavailable(f"Base image {PLAIN_BASE_IMAGE}", f"{type(exc).__name__}: {exc}",
+                     "run .ci/make-base-image.sh --plain")
+    return PLAIN_BASE_IMAGE
+
+
 # --------------------------------------------------------------------------- slurm
 @functools.lru_cache(maxsize=1)
 def _slurm_probe() -> str:

@@ -456,3 +456,71 @@ def test_a_lock_nested_100000_deep_is_one_message(tmp_path, capsys):
     assert "nested too deeply" in exc.value.message()
     with pytest.raises(EnvbuilderError):
         loads('{"schema": "envbuilder.lock/1", "conda": 5}')
+
+
+# --- apt caches, whatever the base's apt settings ------------------------------------------------
+
+def test_every_apt_step_cleans_apt_caches_in_both_recipes(tmp_path, capsys):
+    code, out, err = _build(tmp_path, _preset(), "apt", capsys)
+    assert code == 0, err
+    docker = (out / "Dockerfile").read_text()
+    from dockerfile_parse import DockerfileParser
+
+    p = DockerfileParser(fileobj=io.BytesIO())
+    p.content = docker
+    runs = [i["value"] for i in p.structure if i["instruction"] == "RUN" and "apt-get install" in i["value"]]
+    assert len(runs) == 2                                      # devel and runtime
+    for run in runs:
+        assert run.index("apt-get clean") > run.index("apt-get install")
+        assert "/var/cache/apt/*.bin" in run and "/var/cache/apt/archives/*.deb" in run
+    post = (out / "Apptainer.def").read_text().split("%post")[1:]
+    assert len(post) == 2
+    for section in post:
+        assert section.index("apt-get clean") > section.index("apt-get install")
+        assert "/var/cache/apt/*.bin" in section
+
+
+def test_the_runtime_apt_step_leaves_no_cache_on_a_plain_debootstrap_base(tmp_path, capsys):
+    """A base made by plain debootstrap (no docker-clean: apt keeps .deb files and *.bin
+    caches): the runtime stage's apt step, as rendered, built on it; nothing stays in
+    /var/cache/apt or /var/lib/apt/lists. (The step alone, not the whole image: the rest of
+    the image adds no apt step; bounded time, ~1 min.)"""
+    from dockerfile_parse import DockerfileParser
+    from infra import docker_cli, plain_base_image
+
+    base = plain_base_image()
+    cli = docker_cli()
+    has_clean = subprocess.run([cli, "run", "--rm", base, "ls", "/etc/apt/apt.conf.d"],
+                               capture_output=True, text=True, check=True).stdout
+    assert "docker-clean" not in has_clean                     # else this test proves nothing
+    data = _preset()
+    data["base"] = base
+    data["base_os"] = "debian-bookworm"
+    code, out, err = _build(tmp_path, data, "plain", capsys)
+    assert code == 0, err
+    p = DockerfileParser(fileobj=io.BytesIO())
+    p.content = (out / "Dockerfile").read_text()
+    items = [i for i in p.structure if i["instruction"] != "COMMENT"]
+    froms = [n for n, i in enumerate(items) if i["instruction"] == "FROM"]
+    runtime = items[froms[-1]:]
+    assert runtime[0]["value"].startswith(base)
+    step = next(i for i in runtime if i["instruction"] == "RUN" and "apt-get install" in i["value"])
+    shell = next(i for i in runtime if i["instruction"] == "SHELL")
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(f"FROM {base}\n{shell['content']}{step['content']}")
+    tag = "envbuilder-test-harden/plain-apt:latest"
+    try:
+        build = subprocess.run([cli, "build", "-q", "-t", tag, str(ctx)], capture_output=True, text=True,
+                               env={**os.environ, "DOCKER_BUILDKIT": "1"}, timeout=900)
+        assert build.returncode == 0, build.stderr[-3000:]
+        left = subprocess.run([cli, "run", "--rm", tag, "sh", "-c",
+                               "find /var/cache/apt /var/lib/apt/lists -type f "
+                               "\\( -name '*.bin' -o -name '*.deb' -o -name '*_Packages*' \\)"],
+                              capture_output=True, text=True, check=True).stdout
+        assert left == "", left
+        installed = subprocess.run([cli, "run", "--rm", tag, "python3", "-c", "print('ok')"],
+                                   capture_output=True, text=True).stdout
+        assert installed.strip() == "ok"                       # the step did install its packages
+    finally:
+        subprocess.run([cli, "image", "rm", "-f", tag], capture_output=True)

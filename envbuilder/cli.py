@@ -58,6 +58,8 @@ def _build_args(p):
     p.add_argument("--no-build", action="store_true", help="write the files only; no container engine needed")
     p.add_argument("--engine", choices=["docker", "apptainer"], default="docker")
     p.add_argument("--ca-bundle", help="CA bundle the build trusts (TLS-intercepting proxies); never stored in the image")
+    p.add_argument("--netrc", help="netrc file with a private pip index's login (machine HOST login USER "
+                   "password TOKEN): a BuildKit secret like --ca-bundle, never stored in the image")
     p.add_argument("--wheelhouse", help="folder of local wheels pip uses first (offline sites)")
     p.add_argument("--tag", help="image tag (default: envbuilder/<name>:<spec hash>)")
     from .lock.cli import add_lock_option

@@ -86,7 +86,8 @@ SPEC_FIELDS: dict[str, Field] = {
         "name": s("Which framework.", required=True, enum=FRAMEWORKS),
         "version": v("Exact release, e.g. \"2.12.1\" or \"2.13.0+cpu\" (local label kept).", required=True),
         "index_url": s("Extra pip index for the framework wheels (e.g. https://download.pytorch.org/whl/cu118). "
-                       "No credentials: they would be stored in the image's history.",
+                       "No credentials: they would be stored in the image's history; give them with "
+                       "`envbuilder build --netrc FILE`.",
                        pattern=URL_RE, pattern_hint="an http(s):// URL without blanks, quotes or shell characters"),
     }, required=True, example={"name": "tensorflow", "version": "2.12.1"}),
     "python": v("Python major.minor inside the image; must be the base OS's Python.", required=True,
@@ -299,7 +300,8 @@ def _check(path: str, f: Field, value, doc, errors: list, source):
                         "the image stores it in clear text for anyone who pulls it" if path == "env" else
                         "job.sbatch and the manifest copied into the image would hold it in clear text"),
                     "leave it out; give it at run time (export it in your shell before sbatch: Slurm passes "
-                    "the environment to the job) or, for the build, as a BuildKit secret like --ca-bundle",
+                    "the environment to the job); a private index's login goes to the build with --netrc FILE "
+                    "(a BuildKit secret, like --ca-bundle)",
                     line=doc.line_of(f"{path}.{k}"), source=source))
                 continue
             out[k] = text
@@ -331,8 +333,8 @@ def text_problem(path: str, value: str, doc, source) -> EnvbuilderError | None:
     if has_url_credentials(value):
         return EnvbuilderError(path, f"{shown(value)} holds credentials (user:password@) that every generated "
                                "file and the image would keep in clear text",
-                               "remove them; give them at build time as a secret, the way --ca-bundle is given "
-                               "(pip reads ~/.netrc or a keyring; never the spec)", line=line, source=source)
+                               "remove them; give the login at build time with --netrc FILE (a BuildKit secret, "
+                               "like --ca-bundle: in no layer)", line=line, source=source)
     return None
 
 

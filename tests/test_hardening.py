@@ -524,3 +524,46 @@ def test_the_runtime_apt_step_leaves_no_cache_on_a_plain_debootstrap_base(tmp_pa
         assert installed.strip() == "ok"                       # the step did install its packages
     finally:
         subprocess.run([cli, "image", "rm", "-f", tag], capture_output=True)
+
+
+def test_a_private_index_login_reaches_pip_as_a_build_secret_and_no_layer(tmp_path, capsys):
+    """--netrc FILE: the recipe's download steps mount it as a BuildKit secret and point pip's
+    requests at it (NETRC); the built image holds no trace of the password."""
+    import tarfile
+
+    from infra import base_image, docker_cli
+
+    from envbuilder.engines.docker import docker_build_command
+    from envbuilder.render.common import network_setup, shell_join
+
+    code, out, err = _build(tmp_path, _preset(), "netrc", capsys)
+    assert code == 0, err
+    docker = (out / "Dockerfile").read_text()
+    network_runs = [r for r in docker.split("\nRUN ")[1:] if "PIP_FIND_LINKS" in r]
+    assert network_runs and all("--mount=type=secret,id=netrc" in r for r in network_runs)
+    base = base_image()
+    secret = tmp_path / "login.netrc"
+    secret.write_text("machine pypi.example.org login alice password pw-3141592653\n")
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(
+        f"FROM {base}\nSHELL [\"/bin/bash\", \"-o\", \"pipefail\", \"-c\"]\n"
+        "RUN --mount=type=secret,id=netrc " + shell_join(
+            network_setup() + ['test "$NETRC" = /run/secrets/netrc', 'grep -q "^machine pypi.example.org" "$NETRC"',
+                               'echo "$NETRC" > /netrc-was-set']) + "\n")
+    tag = "envbuilder-test-harden/netrc:latest"
+    cmd = docker_build_command([docker_cli(), "build"], ctx, tag, None, str(secret))
+    assert f"id=netrc,src={secret}" in " ".join(cmd)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "DOCKER_BUILDKIT": "1"},
+                              timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        saved = tmp_path / "image.tar"
+        subprocess.run([docker_cli(), "save", "-o", str(saved), tag], check=True, capture_output=True)
+        with tarfile.open(saved) as tar:
+            for member in tar.getmembers():
+                if member.isfile() and member.size < 200 * 1024 * 1024:
+                    inner = tar.extractfile(member).read()
+                    assert b"pw-3141592653" not in inner, member.name
+    finally:
+        subprocess.run([docker_cli(), "image", "rm", "-f", tag], capture_output=True)

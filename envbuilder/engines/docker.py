@@ -74,10 +74,13 @@ def buildkit_cli() -> list[str]:
                       "install docker-buildx, or set ENVBUILDER_DOCKER_CLI to a CLI that has BuildKit")
 
 
-def docker_build_command(cli: list[str], context: Path, tag: str, ca_bundle: str | None) -> list[str]:
+def docker_build_command(cli: list[str], context: Path, tag: str, ca_bundle: str | None,
+                         netrc: str | None = None) -> list[str]:
     cmd = list(cli) + ["--progress=plain", "--tag", tag]
     if ca_bundle:
         cmd += ["--secret", f"id=ca,src={Path(ca_bundle).resolve()}"]
+    if netrc:
+        cmd += ["--secret", f"id=netrc,src={Path(netrc).resolve()}"]
     cmd.append(str(context))
     return cmd
 
@@ -122,7 +125,11 @@ def _run_build(cmd: list[str], env: dict, log, quiet: bool, shown_steps: set[str
 def build(folder: Path, output, args) -> dict:
     ca = args.ca_bundle or os.environ.get("ENVBUILDER_CA_BUNDLE")
     wheelhouse = args.wheelhouse or os.environ.get("ENVBUILDER_WHEELHOUSE")
+    netrc = getattr(args, "netrc", None) or os.environ.get("ENVBUILDER_NETRC")
     check_inputs(ca, wheelhouse)
+    if netrc and not Path(netrc).is_file():
+        raise EnvbuilderError("--netrc", f"no such file: {netrc}",
+                              "give a netrc file: machine HOST login USER password TOKEN")
     if "docker" not in output.stack.spec.targets:
         raise EnvbuilderError("targets", "the spec does not list docker, so there is no Dockerfile to build",
                               "add docker to targets, or use --engine apptainer")
@@ -132,7 +139,7 @@ def build(folder: Path, output, args) -> dict:
     tag = args.tag or image_tag(output.stack)
     context = stage_context(folder, output.files, wheelhouse)
     log_path = folder / "build.log"
-    cmd = docker_build_command(cli, context, tag, ca)
+    cmd = docker_build_command(cli, context, tag, ca, netrc)
     quiet = getattr(args, "json", False)
     env = dict(os.environ, DOCKER_BUILDKIT="1")
     started = time.monotonic()

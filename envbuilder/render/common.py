@@ -6,6 +6,7 @@ from .. import __version__
 from ..quoting import docker_comment, shell_word
 
 CA_SECRET = "/run/secrets/ca"
+NETRC_SECRET = "/run/secrets/netrc"   # a private index's login (--netrc): pip reads $NETRC
 WHEELHOUSE = "/wheelhouse"
 
 
@@ -29,6 +30,8 @@ def export_line(env: dict[str, str]) -> str:
 
 
 def network_setup() -> list[str]:
-    """Prefix of every step that downloads: local wheels first, the site's CA bundle if given."""
+    """Prefix of every step that downloads: local wheels first, the site's CA bundle and a
+    private index's login (netrc) if given; both are BuildKit secrets, in no layer."""
     return [f"export PIP_FIND_LINKS={WHEELHOUSE}",
-            f"if [ -s {CA_SECRET} ]; then export PIP_CERT={CA_SECRET} CURL_CA_BUNDLE={CA_SECRET}; fi"]
+            f"if [ -s {CA_SECRET} ]; then export PIP_CERT={CA_SECRET} CURL_CA_BUNDLE={CA_SECRET}; fi",
+            f"if [ -s {NETRC_SECRET} ]; then export NETRC={NETRC_SECRET}; fi"]

@@ -21,7 +21,8 @@ def _step(step: Step) -> list[str]:
     mounts = [f"--mount=type=bind,source={m},target=/{m}" for m in step.mounts]
     if step.network:
         commands = network_setup() + commands
-        mounts = ["--mount=type=secret,id=ca", f"--mount=type=bind,source=wheelhouse,target={WHEELHOUSE}"] + mounts
+        mounts = ["--mount=type=secret,id=ca", "--mount=type=secret,id=netrc",
+                  f"--mount=type=bind,source=wheelhouse,target={WHEELHOUSE}"] + mounts
     if mounts:
         lines.append("RUN " + " \\\n    ".join(mounts) + " \\\n    " + shell_join(commands))
     else:

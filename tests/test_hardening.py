@@ -567,3 +567,26 @@ def test_a_private_index_login_reaches_pip_as_a_build_secret_and_no_layer(tmp_pa
                     assert b"pw-3141592653" not in inner, member.name
     finally:
         subprocess.run([docker_cli(), "image", "rm", "-f", tag], capture_output=True)
+
+
+def test_lock_resolver_notes_are_one_line_each_at_any_depth():
+    import json
+
+    from envbuilder.errors import EnvbuilderError
+    from envbuilder.lock.model import loads
+
+    lock = {"schema": "envbuilder.lock/1", "name": "x", "inputs": {}, "base": {}, "apt": {}, "sources": [],
+            "pip": {}, "seals": {}, "resolved_at": "2026-01-01T00:00:00Z", "generated_by": "envbuilder 0.1.0",
+            "resolvers": {"apt": None, "apt-index": {"deb.debian.org bookworm": "2026-01-01"}}}
+    with pytest.raises(EnvbuilderError) as exc:
+        loads(json.dumps(lock))
+    assert "seal" in exc.value.message()                   # past the notes: they are fine
+    lock["resolvers"]["apt-index"]["deb.debian.org bookworm"] = "x\n%setup\ntouch MARKER"
+    with pytest.raises(EnvbuilderError) as exc:
+        loads(json.dumps(lock))
+    assert "resolvers.apt-index.deb.debian.org bookworm: is not one line" in exc.value.message()
+    lock["resolvers"]["apt-index"]["deb.debian.org bookworm"] = "ok"
+    lock["resolved_at"] = "2026-01-01\n%setup"
+    with pytest.raises(EnvbuilderError) as exc:
+        loads(json.dumps(lock))
+    assert "resolved_at" in exc.value.message()

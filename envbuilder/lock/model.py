@@ -191,10 +191,10 @@ def loads(text: str, path: str | None = None) -> Lock:
         raise _err(path, "resolved_at", f"{data['resolved_at'][:40]!r} is not a time (YYYY-MM-DDTHH:MM:SSZ)")
     if not NAME_RE.fullmatch(data["name"]):
         raise _err(path, "name", f"{data['name'][:40]!r} is not a spec name")
-    for key, value in [("generated_by", data.get("generated_by", ""))] + [
-            (f"resolvers.{k}", v) for k, v in data["resolvers"].items()]:
-        if not isinstance(value, str) or len(value) > 200 or CONTROL_RE.search(value) \
-                or CONTROL_RE.search(key):
+    for key, value in _texts("generated_by", data.get("generated_by", "")) + _texts("resolvers", data["resolvers"]):
+        if value is None:
+            continue
+        if len(value) > 200 or CONTROL_RE.search(value) or CONTROL_RE.search(key):
             raise _err(path, key[:60], "is not one line of text (at most 200 characters)")
     lock = Lock(name=data["name"], inputs=data["inputs"], base=data["base"], apt=data["apt"],
                 sources=data["sources"], pip=data["pip"], conda=data.get("conda"),
@@ -213,6 +213,16 @@ def loads(text: str, path: str | None = None) -> Lock:
                        "restore envbuilder.lock from version control, or re-resolve with "
                        f"`envbuilder lock SPEC --update NAME`")
     return lock
+
+
+def _texts(where: str, value) -> list[tuple[str, object]]:
+    """(dotted place, value) of every leaf of a JSON value: resolver notes are text, and may be
+    grouped in objects (resolvers.apt-index: one entry per package index)."""
+    if isinstance(value, dict):
+        return [t for k, v in value.items() for t in _texts(f"{where}.{k}", v)]
+    if isinstance(value, list):
+        return [t for n, v in enumerate(value) for t in _texts(f"{where}[{n}]", v)]
+    return [(where, value if value is None or isinstance(value, str) else str(value))]
 
 
 def load(path: str | Path) -> Lock:

@@ -11,6 +11,7 @@ character can never be made safe in a line-oriented file, so it never reaches on
     docker_value(v)        Dockerfile ENV/LABEL value: "..." with $ escaped (literal) unless
                            ``expand`` (the components' own $PATH templates)
     docker_comment(v)      text after "# " on one line
+    one_line(v)            a component's shell command line inside a RUN step
     apptainer_export(k, v) one %environment line: export K='literal'
     apptainer_line(v)      one line of %labels / %help / %runscript / header text
     sbatch_value(v)        a #SBATCH option value as sbatch's parser reads it
@@ -120,6 +121,12 @@ def docker_value(value: str, what: str = "value", *, expand: bool = False) -> st
 
 
 def docker_comment(value: str, what: str = "comment") -> str:
+    """Text after `# ` on one comment line."""
+    return _plain(value, what)
+
+
+def one_line(value: str, what: str = "value") -> str:
+    """A line of a RUN step the components wrote (already shell): it must stay one line."""
     return _plain(value, what)
 
 

@@ -4,7 +4,7 @@ every layer)."""
 from __future__ import annotations
 
 from ..plan import Copy, Plan, Step
-from ..quoting import docker_comment, docker_value, image_ref
+from ..quoting import docker_comment, docker_value, image_ref, one_line
 from .common import WHEELHOUSE, export_line, header, network_setup, shell_join
 
 SHELL = 'SHELL ["/bin/bash", "-o", "pipefail", "-c"]'
@@ -15,7 +15,7 @@ def _step(step: Step) -> list[str]:
     lines += [f"#   {docker_comment(n)}" for n in step.notes]
     if step.build_env:
         lines.append("# build flags (this step only): " + " ".join(f"{k}={docker_comment(v)}" for k, v in step.build_env.items()))
-    commands = [docker_comment(c, f"{step.component} step") for c in step.commands]
+    commands = [one_line(c, f"{step.component} step") for c in step.commands]
     if step.build_env:
         commands = [export_line(step.build_env)] + commands
     mounts = [f"--mount=type=bind,source={m},target=/{m}" for m in step.mounts]

@@ -62,7 +62,7 @@ def _build_args(p):
                    "password TOKEN): a BuildKit secret like --ca-bundle, never stored in the image")
     p.add_argument("--wheelhouse", help="folder of local wheels pip uses first (offline sites)")
     p.add_argument("--tag", help="image tag (default: envbuilder/<name>:<spec hash>)")
-    from .lock.cli import add_lock_option
+    from .lockcmd import add_lock_option
 
     add_lock_option(p)
     _job_args(p)
@@ -86,7 +86,7 @@ def cmd_build(args) -> int:
 
     from .slurm.options import apply_job_options
 
-    from .lock.cli import ensure_locked, existing_lock
+    from .lockcmd import ensure_locked, existing_lock
 
     spec = apply_job_options(load_spec(args.spec), site=args.site, runtime=args.runtime, sweep=args.sweep)
     out = generate(spec, existing_lock(args, spec))      # an existing lock is used as is, if it matches
@@ -164,7 +164,7 @@ def cmd_verify(args) -> int:
     return run(args)
 
 
-from .lock.cli import cmd_diff, cmd_lock, diff_args, lock_args  # noqa: E402
+from .lockcmd import cmd_diff, cmd_lock, diff_args, lock_args  # noqa: E402
 
 command("lock", "resolve every pin and hash of a spec into envbuilder.lock (--update NAME: one entry)")(cmd_lock)
 command("diff", "compare two locks or manifests (files, output folders, images): added, removed, changed")(cmd_diff)

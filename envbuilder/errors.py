@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .redact import redact_url      # credentials in a URL are never repeated
+
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -34,8 +36,6 @@ class EnvbuilderError(Exception):
         return place
 
     def message(self) -> str:
-        from .quoting import redact_url      # credentials in a URL are never repeated
-
         where = self.where()
         head = f"{where}: " if where else ""
         text = f"{head}{self.field}: {self.reason}"
@@ -44,8 +44,6 @@ class EnvbuilderError(Exception):
         return redact_url(text)
 
     def as_dict(self) -> dict:
-        from .quoting import redact_url
-
         return {"field": redact_url(self.field), "reason": redact_url(self.reason), "fix": redact_url(self.fix),
                 "line": self.line, "source": self.source}
 

@@ -6,7 +6,12 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .plan import SMOKE_DIR, build_plan
+from .components import assemble
+from .lock.model import dump
+from .lock.render import pins_files
+from .lock.resolve import check_matches
+from .needs import needs
+from .paths import SMOKE_DIR
 from .render.apptainer import render_apptainer
 from .render.dockerfile import render_dockerfile
 from .render.manifest import render_manifest
@@ -55,11 +60,9 @@ def generate(spec: Spec, lock=None) -> Output:
     lock and its pins/ lists join the files. Without one, the pins the spec and catalog know."""
     stack = resolve(spec)
     if lock is not None:
-        from .lock.resolve import check_matches
-
-        check_matches(lock, stack)
+        check_matches(lock, stack, needs(stack))
         stack.lock = lock
-    plan = build_plan(stack)
+    plan = assemble(stack)
     sha = spec.sha256()
     recipes: dict[str, bytes] = {}
     if "docker" in spec.targets:
@@ -68,9 +71,6 @@ def generate(spec: Spec, lock=None) -> Output:
         recipes["Apptainer.def"] = render_apptainer(plan, sha).encode()
     recipes["job.sbatch"] = render_sbatch(stack).encode()
     if lock is not None:
-        from .lock import dump
-        from .lock.render import pins_files
-
         recipes["envbuilder.lock"] = dump(lock).encode()
         recipes.update(pins_files(lock))
     smoke = smoke_files()

@@ -7,12 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .resolve import Stack
-
-VENV = "/opt/venv"
-PREFIX = "/opt/envbuilder"          # manifest, smoke suite, build helpers inside the image
-SMOKE_DIR = "envbuilder_smoke"      # folder name of the suite in the build context and the image
-
 
 @dataclass
 class Step:
@@ -61,8 +55,3 @@ class Plan:
     def final(self) -> Stage:
         return self.stages[-1]
 
-
-def build_plan(stack: Stack) -> Plan:
-    from .components import assemble
-
-    return assemble(stack)

@@ -15,7 +15,7 @@ character can never be made safe in a line-oriented file, so it never reaches on
     apptainer_export(k, v) one %environment line: export K='literal'
     apptainer_line(v)      one line of %labels / %help / %runscript / header text
     sbatch_value(v)        a #SBATCH option value as sbatch's parser reads it
-    redact_url(v)          any text with user:password@ credentials in URLs hidden
+    (credentials in URLs are hidden by redact.py, the layer below this one)
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import re
 import shlex
 
 from .errors import EnvbuilderError
+from .redact import redact_url
 
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -39,7 +40,6 @@ IMAGE_REF_RE = re.compile(
     r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]{1,5})?/)?"
     + _COMPONENT + r"(?:/" + _COMPONENT + r")*"
     + r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?")
-_URL_CRED_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,15}://)[^/@\s]*@")
 
 
 class UnsafeValue(EnvbuilderError):
@@ -55,13 +55,7 @@ def _plain(value: str, what: str) -> str:
     return value
 
 
-def redact_url(text: str) -> str:
-    """'https://user:pw@host/x' -> 'https://***@host/x' (in any text: messages, files)."""
-    return _URL_CRED_RE.sub(r"\1***@", str(text))
 
-
-def has_url_credentials(text: str) -> bool:
-    return bool(_URL_CRED_RE.search(str(text)))
 
 
 # --- POSIX shell -------------------------------------------------------------------------------

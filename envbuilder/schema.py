@@ -8,7 +8,8 @@ from dataclasses import dataclass, field as dc_field
 
 from .errors import EnvbuilderError
 
-from .quoting import CONTROL_RE, IMAGE_REF_RE, has_url_credentials, redact_url
+from .quoting import CONTROL_RE, IMAGE_REF_RE
+from .redact import has_url_credentials, redact_url
 
 # Every pattern is used with re.fullmatch (Python's `$` also matches before a final newline)
 # and written so that no two branches can match the same text (linear time on any input).
@@ -310,7 +311,7 @@ def _check(path: str, f: Field, value, doc, errors: list, source):
         if not isinstance(value, dict):
             errors.append(_type_error(path, f, value, doc, source))
             return None
-        return _check_object(path, f.children, value, doc, errors, source)
+        return check_object(path, f.children, value, doc, errors, source)
     raise AssertionError(f.kind)
 
 
@@ -338,7 +339,7 @@ def text_problem(path: str, value: str, doc, source) -> EnvbuilderError | None:
     return None
 
 
-def _check_object(path, children: dict, value: dict, doc, errors, source) -> dict:
+def check_object(path, children: dict, value: dict, doc, errors, source) -> dict:
     out = {}
     for key in value:
         if key not in children:
@@ -367,7 +368,7 @@ def validate(doc) -> dict:
     if not isinstance(doc.data, dict):
         raise EnvbuilderError("spec", "the top level must be a mapping of keys (name:, framework:, ...)",
                               "start from a recipe: `envbuilder presets` lists them", line=1, source=doc.path)
-    data = _check_object("", SPEC_FIELDS, doc.data, doc, errors, doc.path)
+    data = check_object("", SPEC_FIELDS, doc.data, doc, errors, doc.path)
     if errors:
         errors.sort(key=lambda e: (e.line or 0, e.field))
         raise SpecErrors(errors)

@@ -46,7 +46,7 @@ def sbatch_wait(script: Path, *args: str, env: dict | None = None, timeout: int 
 
 def job_seconds(job_id: str) -> int:
     """How long the job itself ran (Slurm's RunTime), not counting sbatch --wait's polling."""
-    from envbuilder.slurm.submit import _scontrol, _seconds
+    from envbuilder.verify.slurm import _scontrol, _seconds
 
     rec = _scontrol(job_id) or {}
     return _seconds(rec.get("RunTime", "99:99:99"))

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from ..errors import SpecErrors
 from ..spec import Spec
 from ..versions import cmp, major, matches, minor, release, satisfies
+from ..presets import nearest_preset
 from .catalog import Catalog, load_catalog
+from .choices import default_base, mpi_source
 
 ERROR, WARN, INFO = "error", "warning", "info"
 
@@ -270,8 +272,6 @@ def mpi_rules(spec: Spec, ctx: Context):
                           f"{ctx.base} ships {have['flavor']} {have['version']}, not {mpi.flavor} {mpi.version}",
                           "the image's MPI is used as is; state the version it ships", ctx.ngc["sources"])
         return
-    from ..resolve import mpi_source
-
     source = mpi_source(spec, ctx.os_name, cat)
     distro = (cat.os(ctx.os_name) or {}).get("openmpi") if ctx.os_name else None
     if source == "distro":
@@ -379,8 +379,6 @@ def packages_rules(spec: Spec, ctx: Context):
 # --- running the rules --------------------------------------------------------------------------
 
 def context_for(spec: Spec, catalog: Catalog | None = None) -> Context:
-    from ..resolve import default_base
-
     cat = catalog or load_catalog()
     base = spec.base or default_base(spec, cat)
     ngc = cat.ngc(base)
@@ -401,8 +399,6 @@ def check(spec: Spec, catalog: Catalog | None = None) -> list[Finding]:
     found = findings(spec, catalog)
     errors = [f for f in found if f.level == ERROR]
     if errors:
-        from ..presets import nearest_preset
-
         hint = nearest_preset(spec)
         out = []
         for f in errors:

@@ -5,10 +5,11 @@ says so and stops the build."""
 
 from __future__ import annotations
 
+from ..paths import CONDA_PREFIX
 from ..plan import Copy, Step
 from ..resolve import Stack
 
-PREFIX = "/opt/conda"
+PREFIX = CONDA_PREFIX
 
 
 def wanted(stack: Stack) -> bool:

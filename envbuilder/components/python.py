@@ -5,7 +5,8 @@ The runtime stage copies the whole venv from the devel stage; that is the Python
 
 from __future__ import annotations
 
-from ..plan import VENV, Copy, Step
+from ..paths import VENV
+from ..plan import Copy, Step
 from ..resolve import Stack
 
 # Bootstrap tools, pinned (they work on Python 3.8 - 3.13).

@@ -3,7 +3,8 @@ what is inside with what was asked for."""
 
 from __future__ import annotations
 
-from ..plan import PREFIX, SMOKE_DIR, Copy, Step
+from ..paths import PREFIX, SMOKE_DIR
+from ..plan import Copy, Step
 from ..presets import describe
 from ..resolve import Stack
 from .python import python_exe

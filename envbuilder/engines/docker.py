@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import CheckFailed, EnvbuilderError
 from ..render.manifest import image_tag
+from .buildlog import explain_build_failure
 from .context import check_inputs, stage_context
 
 MIN_API = (1, 40)            # Docker 19.03: BuildKit secrets and RUN --mount
@@ -21,7 +22,8 @@ MIN_FREE_GB = {False: 8, True: 30}   # a CPU stack / a CUDA stack, image + build
 STEP_RE = re.compile(r"^#\d+ \[([^\]]+)\] (.*)$")
 
 
-def _engine():
+def engine():
+    """A Docker SDK client of an engine that answers (CheckFailed, with the fix, when none does)."""
     try:
         import docker
     except ImportError:  # a declared dependency; only a broken install lacks it
@@ -133,7 +135,7 @@ def build(folder: Path, output, args) -> dict:
     if "docker" not in output.stack.spec.targets:
         raise EnvbuilderError("targets", "the spec does not list docker, so there is no Dockerfile to build",
                               "add docker to targets, or use --engine apptainer")
-    client = _engine()
+    client = engine()
     _check_engine(client, output.stack.spec.cuda is not None)
     cli = buildkit_cli()
     tag = args.tag or image_tag(output.stack)
@@ -158,8 +160,6 @@ def build(folder: Path, output, args) -> dict:
         shutil.rmtree(context, ignore_errors=True)
     seconds = time.monotonic() - started
     if code != 0:
-        from ..lock.cli import explain_build_failure
-
         why = explain_build_failure(lines, output.stack.lock)
         raise CheckFailed("docker build", f"step failed: {_failed_step(lines)}" + (f"\n  lock: {why}" if why else ""),
                           f"the full log is {log_path}")

@@ -24,11 +24,12 @@ from pathlib import Path
 import yaml
 
 from ..errors import CheckFailed, EnvbuilderError
+from ..paths import CONDA_PREFIX
 from ..spec import CONDA_RE
 
 PLATFORM = "linux-64"
 INSTALLER = "micromamba"
-PREFIX = "/opt/conda"
+PREFIX = CONDA_PREFIX
 PKGS = "/tmp/conda/pkgs"
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import CheckFailed, EnvbuilderError
+from ..paths import MANIFEST_IN_IMAGE
 from .model import LOCK_NAME, SCHEMA, canonical_name, loads
 
 
@@ -43,10 +44,10 @@ def _image_manifest(ref: str) -> dict:
         import docker
 
         client = docker.from_env(timeout=60)
-        raw = client.containers.run(ref, ["cat", "/opt/envbuilder/manifest.json"], entrypoint=[],
+        raw = client.containers.run(ref, ["cat", MANIFEST_IN_IMAGE], entrypoint=[],
                                     remove=True, stdout=True, stderr=False)
     except Exception as exc:  # no engine, no such image, no manifest in it
-        raise CheckFailed(ref, f"cannot read /opt/envbuilder/manifest.json from image {ref} ({type(exc).__name__})",
+        raise CheckFailed(ref, f"cannot read {MANIFEST_IN_IMAGE} from image {ref} ({type(exc).__name__})",
                           "give an image built by envbuilder, with the Docker engine running") from None
     return json.loads(raw.decode())
 

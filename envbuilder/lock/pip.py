@@ -25,7 +25,7 @@ import urllib.parse
 from pathlib import Path
 
 from ..errors import CheckFailed, EnvbuilderError
-from ..quoting import redact_url
+from ..redact import redact_url
 from .model import PIP_GROUPS, canonical_name, pip_by_name
 
 DEFAULT_INDEX = "https://pypi.org/simple"

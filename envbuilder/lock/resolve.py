@@ -1,7 +1,7 @@
 """Resolve a stack into a Lock (kind by kind), and tell whether a lock still matches a spec.
 
-``inputs(stack)`` is what the spec asks, per kind; a lock records the inputs it was resolved
-from. A kind whose inputs did not change keeps its entries when the lock is refreshed;
+``want`` (envbuilder/needs.py: what the stack needs, per kind) is handed in; a lock records the
+inputs it was resolved from. A kind whose inputs did not change keeps its entries when the lock is refreshed;
 ``--update NAME`` re-resolves one entry and keeps every other one where it still fits.
 """
 
@@ -22,50 +22,8 @@ from .model import PIP_GROUPS, Lock, LockError, canonical_name, pip_by_name
 BOOTSTRAP_PREFER = {"setuptools": "69.5.1", "wheel": "0.43.0"}
 
 
-def glibc(stack) -> str:
-    return str((stack.catalog.os(stack.os_name) or {}).get("glibc", "2.28"))
-
-
-def pip_groups(stack) -> dict[str, list[str]]:
-    from ..components import horovod, python
-
-    groups = {}
-    if not stack.ngc:
-        # the bootstrap tools at their usual pins when the rest allows (torch >= 2.13 needs a newer
-        # setuptools): the lock holds what was chosen
-        groups["python"] = [b if b.startswith("pip==") else b.replace("==", ">=") for b in python.BOOTSTRAP]
-    if not stack.framework_from_base:
-        groups["framework"] = [stack.framework_requirement]
-    if stack.horovod_sdist:
-        groups["horovod"] = horovod.requirements(stack)
-    if stack.spec.packages.pip:
-        groups["packages"] = sorted(stack.spec.packages.pip, key=str.lower)
-    return groups
-
-
-def inputs(stack) -> dict:
-    from ..components import system
-
-    base = {"devel": stack.base}
-    apt = {"devel": system.devel_packages(stack)}
-    if not stack.ngc:
-        base["runtime"] = stack.runtime_base
-        apt["runtime"] = system.runtime_packages(stack)
-    return {
-        "base": base,
-        "apt": {s: p for s, p in apt.items() if p},
-        "sources": {s["name"]: s["version"] for s in sources_.wanted(stack)},
-        "pip": {"groups": pip_groups(stack), "python": stack.python, "glibc": glibc(stack),
-                "extra_index_urls": [stack.framework_index_url] if stack.framework_index_url else [],
-                "in_image": bool(stack.ngc)},
-        "conda": {"packages": sorted(stack.spec.packages.conda), "channels": conda_.channels(),
-                  "platform": conda_.PLATFORM} if stack.spec.packages.conda else None,
-    }
-
-
-def differences(lock: Lock, stack) -> list[str]:
-    """What the spec asks that the lock was not resolved for (empty: the lock matches)."""
-    want = inputs(stack)
+def differences(lock: Lock, stack, want: dict) -> list[str]:
+    """What the stack needs (``want``) that the lock was not resolved for (empty: the lock matches)."""
     have = lock.inputs
     out = []
     if lock.name != stack.spec.name:
@@ -97,8 +55,8 @@ def differences(lock: Lock, stack) -> list[str]:
     return out
 
 
-def check_matches(lock: Lock, stack) -> None:
-    diffs = differences(lock, stack)
+def check_matches(lock: Lock, stack, want: dict) -> None:
+    diffs = differences(lock, stack, want)
     if diffs:
         shown = "; ".join(diffs[:8]) + (f"; and {len(diffs) - 8} more" if len(diffs) > 8 else "")
         raise LockError("envbuilder.lock", f"does not match the spec: {shown}",
@@ -136,21 +94,13 @@ def _targets(update: list[str], lock: Lock | None) -> dict[str, set]:
     return out
 
 
-def _client(required_for: str):
-    from ..engines.docker import _engine
-
-    try:
-        return _engine()
-    except CheckFailed as exc:
-        raise CheckFailed(exc.field, f"{exc.reason} (needed to lock {required_for})", exc.fix) from None
-
-
-def resolve_lock(stack, *, previous: Lock | None = None, update: list[str] | None = None,
+def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, update: list[str] | None = None,
                  wheelhouse: str | None = None, ca_bundle: str | None = None,
                  conda_lockfile: str | None = None, progress=None) -> Lock:
-    """A complete lock for ``stack``; kinds unchanged since ``previous`` keep their entries."""
+    """A complete lock for ``stack`` needing ``want``; kinds unchanged since ``previous`` keep their
+    entries. ``client(why)`` gives a Docker SDK client, called only when a kind needs the engine."""
     say = progress or (lambda msg: None)
-    want = inputs(stack)
+    make_client = client
     targets = _targets(update or [], previous)
     old = previous.inputs if previous else {}
 
@@ -166,7 +116,7 @@ def resolve_lock(stack, *, previous: Lock | None = None, update: list[str] | Non
     if keep("base") and not targets["base"]:
         lock.base = previous.base
     else:
-        client = client or _client("base images and OS packages")
+        client = client or make_client("base images and OS packages")
         for stage, ref in want["base"].items():
             if previous and stage in previous.base and previous.base[stage]["ref"] == ref \
                     and not ({"*", stage} & targets["base"]):
@@ -181,7 +131,7 @@ def resolve_lock(stack, *, previous: Lock | None = None, update: list[str] | Non
     if keep("apt") and not base_changed:
         lock.apt = previous.apt
     elif want["apt"]:
-        client = client or _client("OS packages")
+        client = client or make_client("OS packages")
         by_image: dict[str, dict[str, list[str]]] = {}
         for stage, pkgs in want["apt"].items():
             b = lock.base[stage]
@@ -215,7 +165,7 @@ def resolve_lock(stack, *, previous: Lock | None = None, update: list[str] | Non
     else:
         wp = want["pip"]
         if wp["in_image"]:
-            client = client or _client("Python packages on an NGC base")
+            client = client or make_client("Python packages on an NGC base")
             reqs = wp["groups"].get("packages", [])
             say(f"pip: resolving {len(reqs)} requirements inside {stack.base}")
             lock.pip = {"packages": pip_.resolve_in_image(client, lock.base["devel"]["pinned"], reqs)} if reqs else {}

@@ -19,13 +19,12 @@ in the generated script name them.
 from __future__ import annotations
 
 from ..components.framework import runtime_env as framework_env
-from ..plan import SMOKE_DIR
+from ..paths import MANIFEST_IN_IMAGE as IMAGE_MANIFEST, SMOKE_DIR
 from ..resolve import Stack
 from ..slurm import staging, sweeps
 from ..quoting import sbatch_value, shell_assign, shell_default, shell_word
 from .common import header
 
-IMAGE_MANIFEST = "/opt/envbuilder/manifest.json"
 
 
 # --- runtimes: how one rank enters the image ------------------------------------------------------

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import EnvbuilderError, SpecErrors
-from ..schema import SPEC_FIELDS, Field, _check_object
+from ..schema import SPEC_FIELDS, Field, check_object
 from ..spec import Cluster, cluster_from_data
 from ..yamlsource import read_spec_file
 
@@ -83,7 +83,7 @@ def load_site(name_or_file: str) -> Site:
         raise EnvbuilderError("site", "a site profile is a mapping of keys (partition:, runtime: ...)",
                               "see sites/example-gpu.yaml", line=1, source=doc.path)
     errors: list[EnvbuilderError] = []
-    data = _check_object("", SITE_FIELDS, doc.data, doc, errors, doc.path)
+    data = check_object("", SITE_FIELDS, doc.data, doc, errors, doc.path)
     if errors:
         raise SpecErrors(errors)
     name = data.pop("name") or path.stem

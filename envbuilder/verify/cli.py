@@ -15,6 +15,7 @@ from typing import Callable
 
 from ..errors import EXIT_CHECK_FAILED, EXIT_OK, EnvbuilderError
 from . import report as rep
+from .slurm import add_slurm_arguments, run_slurm
 from .runner import (RUNTIMES, Outcome, Target, VerifyOptions, resolve_target, run_suite,
                      write_atomic)
 
@@ -45,8 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", action="store_true", help="docker: pass --gpus all")
     parser.add_argument("--require-gpu", action="store_true",
                         help="fail, not skip, the GPU checks when no GPU is visible")
-    # --slurm and its options: envbuilder/slurm/submit.py owns them
-    from ..slurm.submit import add_slurm_arguments
+    # --slurm and its options: envbuilder/verify/slurm.py owns them
     add_slurm_arguments(parser)
 
 
@@ -77,8 +77,7 @@ def run(args, suite_runner: SuiteRunner | None = None) -> int:
     table, JSON, JUnit and exit codes."""
     opts = options(args)
     if suite_runner is None and getattr(args, "slurm", False):
-        # through the folder's job.sbatch: envbuilder/slurm/submit.py
-        from ..slurm.submit import run_slurm
+        # through the folder's job.sbatch: envbuilder/verify/slurm.py
         suite_runner = run_slurm
     target, outcome, where = (suite_runner or run_local)(args, opts)
     return report_outcome(args, opts, target, outcome, where)

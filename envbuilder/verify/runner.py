@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EnvbuilderError
+from ..paths import PREFIX
 
 # Must equal envbuilder/smoke/common.py (verify imports nothing from the suite: the suite runs
 # in the image, verify on the host).
@@ -27,7 +28,7 @@ BEGIN_MARKER = "=====ENVBUILDER-SMOKE-REPORT-BEGIN====="
 END_MARKER = "=====ENVBUILDER-SMOKE-REPORT-END====="
 REPORT_SCHEMA = "envbuilder.smoke-report/1"
 
-IMAGE_PREFIX = "/opt/envbuilder"
+IMAGE_PREFIX = PREFIX
 IMAGE_MANIFEST = f"{IMAGE_PREFIX}/manifest.json"
 VERIFY_MANIFEST = f"{IMAGE_PREFIX}/verify-manifest.json"   # the folder's manifest, mounted
 SUITE_MODULE = "envbuilder_smoke"

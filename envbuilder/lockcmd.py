@@ -1,4 +1,5 @@
-"""`envbuilder lock` and `envbuilder diff`, and the lock's part in `envbuilder build`.
+"""`envbuilder lock` and `envbuilder diff`, and the lock's part in `envbuilder build` (the CLI layer:
+the lock package below resolves and records; this module decides when, and writes the files).
 
 Where the lock lives: ``<output folder>/envbuilder.lock`` (default ``images/<name>/``), beside
 the recipes it pins, so the folder is a complete, reproducible build context. ``--lock FILE``
@@ -14,7 +15,18 @@ import sys
 import time
 from pathlib import Path
 
-from .model import LOCK_NAME, LockError, dump, load
+from .engines.context import check_inputs
+from .engines.docker import engine
+from .errors import CheckFailed
+from .generate import generate
+from .lock.base import check_engine_base
+from .lock.diff import compare, load_any, table
+from .lock.model import LOCK_NAME, LockError, dump, load
+from .lock.resolve import resolve_lock
+from .needs import needs
+from .output import write_folder
+from .resolve import resolve
+from .spec import load_spec
 
 
 def lock_path(args, spec) -> Path:
@@ -38,6 +50,14 @@ def _say(quiet: bool):
     return (lambda m: None) if quiet else (lambda m: print(f"  resolving {m}", file=sys.stderr, flush=True))
 
 
+def _client(required_for: str):
+    """The Docker engine the lock's resolvers use (handed to them: the lock imports no engine)."""
+    try:
+        return engine()
+    except CheckFailed as exc:
+        raise CheckFailed(exc.field, f"{exc.reason} (needed to lock {required_for})", exc.fix) from None
+
+
 # --- build ----------------------------------------------------------------------------------
 
 def existing_lock(args, spec):
@@ -49,10 +69,6 @@ def existing_lock(args, spec):
 def ensure_locked(args, spec, folder: Path, out):
     """Before a real build: resolve and write a lock when there is none (Docker engine and network
     needed), and check a local base image is still the one the lock names. Returns the output."""
-    from ..generate import generate
-    from ..output import write_folder
-    from .base import check_engine_base
-    from .resolve import _client, resolve_lock
 
     lock = out.stack.lock
     if args.engine == "apptainer":
@@ -64,10 +80,8 @@ def ensure_locked(args, spec, folder: Path, out):
     if lock is None:
         started = time.monotonic()
         opts = _options(args)
-        from ..engines.context import check_inputs
-
         check_inputs(opts["ca_bundle"], opts["wheelhouse"])
-        lock = resolve_lock(out.stack, progress=_say(quiet), **opts)
+        lock = resolve_lock(out.stack, needs(out.stack), client=_client, progress=_say(quiet), **opts)
         out = generate(spec, lock)
         write_folder(folder, out.files, complete=True)
         path = lock_path(args, spec)
@@ -102,11 +116,6 @@ def lock_args(p) -> None:
 
 
 def cmd_lock(args) -> int:
-    from ..output import write_folder
-    from ..resolve import resolve
-    from ..spec import load_spec
-    from .diff import compare
-    from .resolve import resolve_lock
 
     spec = load_spec(args.spec)
     stack = resolve(spec)
@@ -121,11 +130,10 @@ def cmd_lock(args) -> int:
             if not args.json:
                 print(f"warning: {exc.message()}\n  resolving everything anew", file=sys.stderr)
     opts = _options(args)
-    from ..engines.context import check_inputs
-
     check_inputs(opts["ca_bundle"], opts["wheelhouse"])
     started = time.monotonic()
-    lock = resolve_lock(stack, previous=previous, update=args.update, progress=_say(args.json), **opts)
+    lock = resolve_lock(stack, needs(stack), client=_client, previous=previous, update=args.update,
+                        progress=_say(args.json), **opts)
     seconds = time.monotonic() - started
     if previous is not None and previous.inputs == lock.inputs and previous.flat() == lock.flat() \
             and previous.conda == lock.conda:
@@ -162,8 +170,6 @@ def diff_args(p) -> None:
 
 
 def cmd_diff(args) -> int:
-    from .diff import compare, load_any, table
-
     kind_a, a = load_any(args.a)
     kind_b, b = load_any(args.b)
     result = compare(a, b)
@@ -175,31 +181,3 @@ def cmd_diff(args) -> int:
         sys.stdout.write(table(result))
     return 0
 
-
-def explain_build_failure(log_lines: list[str], lock) -> str | None:
-    """A build that failed on a hash or a vanished version names the lock entry."""
-    import re
-
-    if lock is None:
-        return None
-    lines = [re.sub(r"^#\d+ [\d.]+ ", "", l).strip() for l in log_lines]
-    for n, line in enumerate(lines):
-        if "DO NOT MATCH THE HASHES" in line:
-            for nxt in lines[n + 1:n + 4]:
-                m = re.match(r"^(\S+) from (\S+?)(#\S*)?(:$| \(from )", nxt)
-                if m:
-                    fname = m.group(2).rsplit("/", 1)[-1].replace("%2B", "+")
-                    got = next((re.search(r"Got\s+([0-9a-f]{64})", l) for l in lines[n:n + 8]
-                                if re.search(r"Got\s+([0-9a-f]{64})", l)), None)
-                    return (f"pip: {m.group(1)}: the download {fname} does not match the sha256 in "
-                            "envbuilder.lock" + (f" (it is {got.group(1)[:16]}...)" if got else "")
-                            + "; do not edit hashes: re-resolve with envbuilder lock SPEC --update NAME")
-    for line in lines:
-        m = re.match(r"^(\S+): FAILED$", line)
-        if m:
-            return f"sources: {m.group(1).rsplit('/', 1)[-1]} does not match its sha256 in envbuilder.lock"
-        m = re.search(r"E: Version '([^']+)' for '([^']+)' was not found", line)
-        if m:
-            return (f"apt: {m.group(2)} {m.group(1)} (envbuilder.lock) is no longer in the archive; "
-                    f"re-lock it: envbuilder lock SPEC --update {m.group(2)}")
-    return None

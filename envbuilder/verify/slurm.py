@@ -20,9 +20,9 @@ import uuid
 from pathlib import Path
 
 from ..errors import EXIT_CHECK_FAILED, EnvbuilderError
-from ..verify.runner import (Outcome, Target, VerifyOptions, charliecloud_dir, default_tag,
+from ..slurm.collect import collect
+from .runner import (Outcome, Target, VerifyOptions, charliecloud_dir, default_tag,
                              resolve_target, total_timeout)
-from .collect import collect
 
 HEADER_RE = re.compile(r"^# Slurm job for \S+ \((\w+) runtime\)$", re.M)
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",

@@ -1,0 +1,124 @@
+"""The layout's rules, read from the source (an AST scan of envbuilder/, no import of it):
+
+- no import cycle between envbuilder's parts (a part: a top-level module such as resolve.py, or a
+  package such as lock/ taken whole), whether the import is at the top or inside a function;
+- no `from x import _private` across parts (a leading underscore means "this part only");
+- the lock package imports no component, no engine and no renderer (the lock only resolves needs
+  into pins; the pipeline hands it what it needs and a Docker client);
+- the smoke suite inside the image (stdlib only, cannot import envbuilder) names the same manifest
+  path as envbuilder/paths.py.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent / "envbuilder"
+
+
+def _module_name(path: Path) -> tuple[str, bool]:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    is_pkg = parts[-1] == "__init__"
+    return ".".join(parts[:-1] if is_pkg else parts), is_pkg
+
+
+def _part(module: str) -> str:
+    """envbuilder.lock.pip -> envbuilder.lock; envbuilder.resolve -> envbuilder.resolve."""
+    bits = module.split(".")
+    return ".".join(bits[:2])
+
+
+def _is_module(dotted: str) -> bool:
+    rel = Path(*dotted.split(".")[1:]) if "." in dotted else Path()
+    return (PKG / rel).with_suffix(".py").is_file() or (PKG / rel / "__init__.py").is_file()
+
+
+def _imports():
+    """(importing module, imported module, names) for every envbuilder import."""
+    out = []
+    for path in sorted(PKG.rglob("*.py")):
+        module, is_pkg = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = module.split(".") if is_pkg else module.split(".")[:-1]
+                    base = base[:len(base) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                if target.split(".")[0] != "envbuilder":
+                    continue
+                names = [a.name for a in node.names]
+                # `from . import conda` imports the module envbuilder.<pkg>.conda
+                for name in names:
+                    sub = f"{target}.{name}"
+                    out.append((module, sub if _is_module(sub) else target, name))
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.split(".")[0] == "envbuilder":
+                        out.append((module, a.name, ""))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for src, dst, _ in _imports():
+        a, b = _part(src), _part(dst)
+        if a != b and b != "envbuilder":          # `from envbuilder import __version__` is the root
+            graph[a].add(b)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found, state, stack = [], {}, []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return found
+
+
+def test_the_scan_sees_the_imports_it_must():
+    graph = _graph()
+    assert "envbuilder.lock" in graph["envbuilder.components"]       # components read their pins
+    assert "envbuilder.slurm" in graph["envbuilder.verify"]          # verify --slurm submits jobs
+    assert "envbuilder.compat" in graph["envbuilder.resolve"]
+    # and it finds a cycle when there is one
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_no_import_cycle_between_parts():
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles between envbuilder's parts:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_private_name_imported_across_parts():
+    bad = [f"{src} imports {name} from {dst}" for src, dst, name in _imports()
+           if name.startswith("_") and not name.startswith("__") and _part(src) != _part(dst)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_lock_imports_no_component_engine_or_renderer():
+    graph = _graph()
+    assert not graph["envbuilder.lock"] & {"envbuilder.components", "envbuilder.engines", "envbuilder.render",
+                                           "envbuilder.generate", "envbuilder.plan", "envbuilder.lockcmd"}
+
+
+def test_the_image_side_manifest_path_matches_paths_py():
+    from envbuilder import paths
+    from envbuilder.smoke import launcher
+
+    assert launcher.DEFAULT_MANIFEST == paths.MANIFEST_IN_IMAGE

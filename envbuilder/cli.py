@@ -62,6 +62,9 @@ def _build_args(p):
                    "password TOKEN): a BuildKit secret like --ca-bundle, never stored in the image")
     p.add_argument("--wheelhouse", help="folder of local wheels pip uses first (offline sites)")
     p.add_argument("--tag", help="image tag (default: envbuilder/<name>:<spec hash>)")
+    p.add_argument("--sif", action="store_true",
+                   help="also write <folder>/<name>.sif from the built image (no Apptainer needed: "
+                        "mksquashfs + siftool); same as `targets: [sif]`")
     from .lockcmd import add_lock_option
 
     add_lock_option(p)
@@ -89,6 +92,16 @@ def cmd_build(args) -> int:
     from .lockcmd import ensure_locked, existing_lock
 
     spec = apply_job_options(load_spec(args.spec), site=args.site, runtime=args.runtime, sweep=args.sweep)
+    want_sif = args.sif or "sif" in spec.targets
+    if args.sif and (args.no_build or args.engine != "docker"):
+        from .errors import EnvbuilderError
+
+        raise EnvbuilderError("--sif", "the SIF is made from the image the Docker engine builds",
+                              "leave out --no-build / --engine apptainer (apptainer build writes its own .sif)")
+    if want_sif and not args.no_build and args.engine == "docker":
+        from .sif.build import require_tools
+
+        require_tools()                   # before an hour of build, not after
     out = generate(spec, existing_lock(args, spec))      # an existing lock is used as is, if it matches
     folder = Path(args.out) if args.out else Path("images") / spec.name
     written = write_folder(folder, out.files, complete=True)
@@ -105,6 +118,11 @@ def cmd_build(args) -> int:
 
         out = ensure_locked(args, spec, folder, out)      # no lock yet: resolve and write one
         result["image"] = build_image(folder, out, args)
+        if want_sif and args.engine == "docker":
+            from .engines.docker import docker_cli
+            from .sif.build import make_sif
+
+            result["sif"] = make_sif(folder, result["image"]["tag"], docker=docker_cli(), quiet=args.json)
     if args.json:
         _print_json(result)
     return 0

@@ -65,7 +65,7 @@ def generate(spec: Spec, lock=None) -> Output:
     plan = assemble(stack)
     sha = spec.sha256()
     recipes: dict[str, bytes] = {}
-    if "docker" in spec.targets:
+    if "docker" in spec.targets or "sif" in spec.targets:    # the SIF is made from the Docker image
         recipes["Dockerfile"] = render_dockerfile(plan, sha).encode()
     if "apptainer" in spec.targets:
         recipes["Apptainer.def"] = render_apptainer(plan, sha).encode()

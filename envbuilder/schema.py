@@ -124,7 +124,8 @@ SPEC_FIELDS: dict[str, Field] = {
                       pattern=IMAGE_REF_RE, pattern_hint="an image reference: registry/name:tag or name@sha256:DIGEST"),
     "base_os": s("OS of a base image envbuilder does not know (e.g. debian-bookworm, ubuntu22.04).",
                  pattern=OS_RE, pattern_hint="lower-case letters, digits, '.' and '-'"),
-    "targets": Field("list", "Recipes to write.", items=Field("string", "target", enum=("docker", "apptainer")),
+    "targets": Field("list", "Recipes to write (sif: also <name>.sif from the built Docker image, as "
+                     "`build --sif`).", items=Field("string", "target", enum=("docker", "apptainer", "sif")),
                      default=["docker", "apptainer"]),
     "env": Field("map", "Extra environment variables set in the image (values are text as written: "
                  "no $ expansion). No secrets: anyone who pulls the image reads them.",

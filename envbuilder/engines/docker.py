@@ -55,6 +55,11 @@ def _check_engine(client, gpu: bool) -> None:
                           f"about {need} GB", "free disk space (docker system prune) or move Docker's data root")
 
 
+def docker_cli() -> str:
+    """A docker CLI for plain commands (save, inspect): ENVBUILDER_DOCKER_CLI, else PATH's."""
+    return os.environ.get("ENVBUILDER_DOCKER_CLI") or shutil.which("docker") or "docker"
+
+
 def buildkit_cli() -> list[str]:
     """The command prefix of a docker CLI that can run a BuildKit build."""
     candidates = []
@@ -132,7 +137,7 @@ def build(folder: Path, output, args) -> dict:
     if netrc and not Path(netrc).is_file():
         raise EnvbuilderError("--netrc", f"no such file: {netrc}",
                               "give a netrc file: machine HOST login USER password TOKEN")
-    if "docker" not in output.stack.spec.targets:
+    if not {"docker", "sif"} & set(output.stack.spec.targets):
         raise EnvbuilderError("targets", "the spec does not list docker, so there is no Dockerfile to build",
                               "add docker to targets, or use --engine apptainer")
     client = engine()

@@ -53,6 +53,47 @@ class Runtime:
 
     srun_extra = ""
 
+    def cleanup(self) -> list[str]:
+        """Lines of cleanup() run before the node-local folders go."""
+        return []
+
+
+# charliecloud with a .sif (envbuilder build --sif): ch-run cannot read a SIF, but its SquashFS
+# partition, mounted read-only at its byte offset (squashfuse), is an image directory. The
+# offset comes from the SIF's descriptors (layout: envbuilder/sif/layout.py): the used object
+# of data type 0x4004 (partition) whose partition type is 2 (primary system).
+SIF_MOUNT = [
+    "# A .sif: mount its SquashFS partition on this node for the job's length (squashfuse)",
+    "sif_partition_offset() {",
+    "    local f=$1 doff total i d",
+    '    doff=$(od -An -t d8 -j 96 -N 8 "$f" | tr -d " ")',
+    '    total=$(od -An -t d8 -j 88 -N 8 "$f" | tr -d " ")',
+    "    for ((i = 0; i < total; i++)); do",
+    "        d=$((doff + i * 585))",
+    '        if [ "$(od -An -t d4 -j "$d" -N 4 "$f" | tr -d " ")" = 16388 ] &&',
+    '           [ "$(od -An -t u1 -j $((d + 4)) -N 1 "$f" | tr -d " ")" = 1 ] &&',
+    '           [ "$(od -An -t d4 -j $((d + 205)) -N 4 "$f" | tr -d " ")" = 2 ]; then',
+    '            od -An -t d8 -j $((d + 17)) -N 8 "$f" | tr -d " "',
+    "            return 0",
+    "        fi",
+    "    done",
+    "    return 1",
+    "}",
+    "sif_mount=",
+    'if [ -f "$IMAGE" ] && [ "$(dd if="$IMAGE" bs=1 skip=32 count=9 2>/dev/null)" = SIF_MAGIC ]; then',
+    '    if [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then',
+    '        die "a .sif under charliecloud is mounted on the first node only: use one node, a directory image (ch-convert) or apptainer"',
+    "    fi",
+    '    sif_offset=$(sif_partition_offset "$IMAGE") || die "$IMAGE has no primary SquashFS partition (rebuild: envbuilder build SPEC --sif)"',
+    '    command -v squashfuse >/dev/null || die "squashfuse is not installed (Debian package squashfuse)"',
+    '    sif_mount="$JOB_LOCAL/sif-rootfs"',
+    '    mkdir -p "$sif_mount"',
+    '    squashfuse -o offset="$sif_offset" "$IMAGE" "$sif_mount" || die "squashfuse cannot mount the partition of $IMAGE"',
+    '    note "mounted the SquashFS partition of $IMAGE at $sif_mount"',
+    '    IMAGE=$sif_mount',
+    "fi",
+]
+
 
 class Apptainer(Runtime):
     def __init__(self, exe: str):
@@ -77,11 +118,13 @@ class Charliecloud(Runtime):
     hint = "convert it with: ch-convert -i docker envbuilder/NAME:TAG DIR"
 
     def bind_args(self):
-        return [
+        return SIF_MOUNT + [
             "# ch-run binds only onto folders that exist in the image: make missing mount points",
-            "# in a directory image (it belongs to you), or stop with the folder's name (F7)",
+            "# in a directory image (it belongs to you), or stop with the folder's name (F7);",
+            "# ch-run shares the host's /tmp, so a SIF needs no bind for a same-path folder there",
             'for b in "${binds[@]}"; do',
             '    rest=${b#*:}; dst=${rest%%:*}',
+            '    case $dst in /tmp/*) if [ -n "$sif_mount" ] && [ "$dst" = "${b%%:*}" ]; then continue; fi ;; esac',
             '    if [ ! -e "$IMAGE$dst" ]; then',
             '        if [ ! -d "$IMAGE" ] || ! mkdir -p "$IMAGE$dst" 2>/dev/null; then',
             '            die "bind destination \'$dst\' does not exist in the image $IMAGE (charliecloud cannot create it)"',
@@ -95,9 +138,18 @@ class Charliecloud(Runtime):
 
     def launch(self, gpu):
         return [
-            "# --set-env: the image's own environment (PATH, its venv); the job's exports pass through",
-            'launch=(ch-run --set-env "${runtime_args[@]}" "$IMAGE" --)',
+            'if [ -n "$sif_mount" ]; then',
+            "    # a SIF is entered as `apptainer exec` enters it: its /.singularity.d/env scripts",
+            "    # set the image's environment (it has no /ch/environment for --set-env)",
+            '    launch=(ch-run "${runtime_args[@]}" "$IMAGE" -- /.singularity.d/actions/exec)',
+            "else",
+            "    # --set-env: the image's own environment (PATH, its venv); the job's exports pass through",
+            '    launch=(ch-run --set-env "${runtime_args[@]}" "$IMAGE" --)',
+            "fi",
         ]
+
+    def cleanup(self):
+        return ['    if [ -n "${sif_mount:-}" ]; then fusermount -u "$sif_mount" 2>/dev/null || true; fi']
 
 
 class Pyxis(Runtime):
@@ -424,6 +476,7 @@ def _launch(stack: Stack, rt: Runtime, pmi: str) -> list[str]:
         "# Node set-up step, then cleaning up the node-local folders when the job ends",
         'cleanup() {',
         '    if [ -n "$tb_pid" ]; then kill "$tb_pid" 2>/dev/null || true; fi',
+        *rt.cleanup(),
         '    srun --overlap --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none \\',
         '        rm -rf "$JOB_LOCAL" || true',
         "}",

@@ -63,6 +63,13 @@ def options(args) -> VerifyOptions:
 def run_local(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
     """The suite on this machine: in a docker/apptainer/charliecloud image or the host Python."""
     target = resolve_target(args.folder, args.image, args.runtime, manifest=args.manifest)
+    from .sif_runtime import SifCharliecloud, is_sif
+
+    if args.runtime in ("docker", "charliecloud") and is_sif(target.image):
+        # a .sif without Apptainer: charliecloud runs its SquashFS partition (sif_runtime.py)
+        args.runtime = target.runtime = "charliecloud"
+        outcome = SifCharliecloud(target.image).run(target, opts)
+        return target, outcome, f"{target.name} (charliecloud, SIF {target.image})"
     where = f"{target.name} ({args.runtime}" + (f" {target.image}" if target.image and
                                                    args.runtime != "host" else "") + ")"
     return target, run_suite(target, opts), where

@@ -1,0 +1,186 @@
+"""`envbuilder build SPEC --sif` (or `targets: [sif]`): after the image is built, write
+`<folder>/<name>.sif` from it, the way `apptainer build x.sif docker-daemon://TAG` would:
+
+    1. the image's layers -> a root folder (rootfs.py), /.singularity.d added (metadata.py)
+    2. mksquashfs -> the SquashFS, every time fixed (Apptainer: assemblers/sif.go, -comp gzip)
+    3. siftool new/add -> the SIF: Def.FILE, JSON.Labels, JSON.Generic (envbuilder manifest,
+       oci-config.json), SBOM (CycloneDX), FS (SquashFS, *System, the image's arch); group 1
+    4. the header's launch script, UUID and times fixed (layout.py), then renamed into place
+
+Bit-identical for one lock: all times come from SOURCE_DATE_EPOCH when set, else from the lock's
+resolution time (`manifest.lock.resolved_at`), else 0. Work happens in a hidden folder inside the
+output folder; a failure removes it and leaves no .sif behind (an existing one is kept).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .. import __version__
+from ..errors import CheckFailed, EnvbuilderError
+from . import layout, metadata, rootfs
+
+SUITE_MODULE = "envbuilder_smoke"
+IMAGE_MANIFEST = "/opt/envbuilder/manifest.json"
+TOOLS = {"mksquashfs": "squashfs-tools", "siftool": "siftool", "tar": "tar"}
+ROOM_FACTOR = 2.5        # the saved archive, the unpacked root and the SquashFS, side by side
+
+
+def require_tools(names=("mksquashfs", "siftool", "tar")) -> dict[str, str]:
+    found = {}
+    for name in names:
+        path = shutil.which(name)
+        if not path:
+            raise CheckFailed("sif", f"{name} is not installed (Debian package {TOOLS[name]})",
+                              f"apt-get install {TOOLS[name]}  (or run .ci/install-system.sh)")
+        found[name] = path
+    return found
+
+
+def source_date_epoch(manifest: dict) -> int:
+    env = os.environ.get("SOURCE_DATE_EPOCH")
+    if env:
+        if not env.strip().isdigit():
+            raise EnvbuilderError("SOURCE_DATE_EPOCH", f"{env!r} is not a number of seconds",
+                                  "set it to a Unix time, e.g. SOURCE_DATE_EPOCH=$(git log -1 --format=%ct)")
+        return int(env)
+    resolved = ((manifest.get("lock") or {}).get("resolved_at")) or ""
+    try:
+        return int(datetime.strptime(resolved, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp())
+    except ValueError:
+        return 0
+
+
+def cyclonedx(manifest: dict) -> bytes:
+    """A small SBOM from what the lock pinned (Python and OS packages); no scanner needed."""
+    expect = manifest.get("expect") or {}
+    comps = [{"type": "library", "name": n, "version": v, "purl": f"pkg:pypi/{n}@{v}"}
+             for n, v in sorted((expect.get("packages") or {}).items())]
+    comps += [{"type": "library", "name": n, "version": v, "purl": f"pkg:deb/debian/{n}@{v}"}
+              for n, v in sorted((expect.get("apt") or {}).items())]
+    doc = {"bomFormat": "CycloneDX", "specVersion": "1.5", "version": 1,
+           "metadata": {"component": {"type": "container", "name": manifest.get("name", "image")},
+                        "tools": [{"name": "envbuilder", "version": __version__}]},
+           "components": comps}
+    return (json.dumps(doc, indent=2) + "\n").encode()
+
+
+def _run(cmd: list[str], step: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        err = (proc.stderr or proc.stdout).strip()
+        if "No space left" in err:
+            raise _no_room(Path(cmd[-1]).parent, step)
+        raise CheckFailed(f"sif: {step}", f"`{' '.join(cmd[:3])} ...` failed (exit {proc.returncode}): "
+                          + err[-600:], "see the message above")
+
+
+def _no_room(where: Path, step: str) -> CheckFailed:
+    return CheckFailed(f"sif: {step}", f"no room left on the device under {where}",
+                       "free disk space there, or write the folder elsewhere with --out DIR")
+
+
+def _image_size(docker: str, tag: str) -> int:
+    proc = subprocess.run([docker, "image", "inspect", "--format", "{{.Size}}", tag],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise rootfs.broken(f"image {tag} is not in the Docker engine ({proc.stderr.strip()[-200:]})",
+                            "build it first: envbuilder build SPEC (without --no-build)")
+    return int(proc.stdout.strip() or 0)
+
+
+def check_room(folder: Path, need: int) -> None:
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise CheckFailed("sif", f"no room: {free / 1e9:.1f} GB free under {folder}, making the SIF needs "
+                          f"about {need / 1e9:.1f} GB", "free disk space there, or use --out DIR elsewhere")
+
+
+def squashfs(mksquashfs: str, root: Path, dest: Path, epoch: int) -> None:
+    # -comp gzip: Apptainer's default (assemblers/sif.go); every inode time and the file
+    # system's own time fixed; mksquashfs sorts each folder and is reproducible by default
+    _run([mksquashfs, str(root), str(dest), "-noappend", "-comp", "gzip", "-no-progress", "-quiet",
+          "-all-time", str(epoch), "-mkfs-time", str(epoch), "-no-xattrs"], "mksquashfs")
+
+
+def assemble(siftool: str, dest: Path, *, deffile: bytes, labels: dict, manifest: dict,
+             oci_config: dict, sbom: bytes, partition: Path, arch: str, work: Path) -> None:
+    """siftool new + add, in Apptainer's order (definition, metadata, then the partition)."""
+    if arch not in layout.PART_ARCH:
+        raise rootfs.broken(f"the image's architecture {arch!r} has no SIF partition type",
+                            "build for one of " + ", ".join(layout.PART_ARCH))
+    _run([siftool, "new", str(dest)], "siftool new")
+    objects = [("1", "definition", deffile, []),
+               ("3", "labels.json", (json.dumps(labels, indent="\t")).encode(), []),
+               ("6", "envbuilder-manifest.json", (json.dumps(manifest, indent=2) + "\n").encode(), []),
+               ("6", "oci-config.json", json.dumps(oci_config, sort_keys=True).encode(), []),
+               ("9", "sbom.cdx.json", sbom, ["--sbomformat", "cyclonedx-json"])]
+    for datatype, name, data, extra in objects:
+        path = work / name
+        path.write_bytes(data)
+        _run([siftool, "add", "--datatype", datatype, "--groupid", "1", "--filename", name, *extra,
+              str(dest), str(path)], f"siftool add {name}")
+    _run([siftool, "add", "--datatype", "4", "--parttype", str(layout.PART_PRIMSYS), "--partfs",
+          str(layout.FS_SQUASH), "--partarch", str(layout.PART_ARCH[arch]), "--groupid", "1",
+          "--filename", "rootfs.squashfs", str(dest), str(partition)], "siftool add rootfs")
+
+
+def make_sif(folder: Path, tag: str, *, docker: str = "docker", archive: Path | None = None,
+             quiet: bool = False) -> dict:
+    """Write FOLDER/<name>.sif from the Docker image TAG (or an OCI/docker ARCHIVE)."""
+    tools = require_tools()
+    folder = Path(folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    name = manifest.get("name") or "image"
+    epoch = source_date_epoch(manifest)
+    dest = folder / f"{name}.sif"
+    size = archive.stat().st_size if archive else _image_size(docker, tag)
+    check_room(folder, int(size * ROOM_FACTOR))
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix=f".{name}.sif-work.", dir=folder))
+    tmp_sif = work.parent / f".{name}.sif.partial-{os.getpid()}"
+    try:
+        root = work / "root"
+        root.mkdir()
+        if archive is None:
+            archive = work / "image.tar"
+            rootfs.save_docker_image(docker, tag, archive)
+        config = rootfs.unpack(archive, root, work)
+        if archive.parent == work:
+            archive.unlink()
+        label_map = metadata.labels(config, tag, epoch, f"envbuilder {__version__} (siftool, mksquashfs)")
+        metadata.insert(root, config, tag=tag, label_map=label_map, suite_module=SUITE_MODULE,
+                        manifest=IMAGE_MANIFEST)
+        part = work / "rootfs.squashfs"
+        squashfs(tools["mksquashfs"], root, part, epoch)
+        shutil.rmtree(root)
+        assemble(tools["siftool"], tmp_sif, deffile=metadata.definition(tag), labels=label_map,
+                 manifest=manifest, oci_config=config.raw, sbom=cyclonedx(manifest), partition=part,
+                 arch=config.architecture, work=work)
+        layout.make_deterministic(tmp_sif, launch=layout.LAUNCH)
+        with open(tmp_sif, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.chmod(tmp_sif, 0o755)            # Apptainer's SIFs are executable (the launch line)
+        os.replace(tmp_sif, dest)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise _no_room(folder, "writing the SIF") from None
+        raise CheckFailed("sif", f"{exc.strerror or exc}: {exc.filename or ''}", "see the message") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if tmp_sif.exists():
+            tmp_sif.unlink()
+    seconds = time.monotonic() - started
+    info = {"sif": str(dest), "bytes": dest.stat().st_size, "source_date_epoch": epoch,
+            "seconds": round(seconds, 1)}
+    if not quiet:
+        print(f"wrote {dest} ({info['bytes'] / 1e6:.0f} MB) in {seconds:.0f} s")
+    return info

@@ -15,6 +15,8 @@ PACKAGES=(
     slurm-wlm munge      # one-node Slurm cluster
     shellcheck           # lints generated job wrappers
     charliecloud         # unprivileged container runtime used under Slurm
+    siftool squashfs-tools   # envbuilder build --sif: the SIF reference tool, mksquashfs
+    squashfuse fuse3     # verify x.sif / job.sbatch: mount a SIF's SquashFS partition (fusermount3)
     procps               # pgrep/pkill used by the start scripts
 )
 

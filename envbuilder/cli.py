@@ -98,10 +98,6 @@ def cmd_build(args) -> int:
 
         raise EnvbuilderError("--sif", "the SIF is made from the image the Docker engine builds",
                               "leave out --no-build / --engine apptainer (apptainer build writes its own .sif)")
-    if want_sif and not args.no_build and args.engine == "docker":
-        from .sif.build import require_tools
-
-        require_tools()                   # before an hour of build, not after
     out = generate(spec, existing_lock(args, spec))      # an existing lock is used as is, if it matches
     folder = Path(args.out) if args.out else Path("images") / spec.name
     written = write_folder(folder, out.files, complete=True)
@@ -113,6 +109,10 @@ def cmd_build(args) -> int:
         print(f"wrote {folder}/")
         for name in shown:
             print(f"  {name}")
+    if want_sif and not args.no_build and args.engine == "docker":
+        from .sif.build import require_tools
+
+        require_tools()                   # before an hour of build, not after
     if not args.no_build:
         from .engines import build_image
 
@@ -126,6 +126,34 @@ def cmd_build(args) -> int:
     if args.json:
         _print_json(result)
     return 0
+
+
+@command("sif", "write <folder>/<name>.sif from a built image or an image archive (no Apptainer needed)")
+def cmd_sif(args) -> int:
+    from .engines.docker import docker_cli
+    from .errors import EnvbuilderError
+    from .sif.build import make_sif, require_tools
+    from .verify.runner import default_tag, read_manifest
+
+    folder = Path(args.folder)
+    manifest = read_manifest(folder / "manifest.json")
+    archive = Path(args.archive) if args.archive else None
+    if archive is not None and not archive.is_file():
+        raise EnvbuilderError("--archive", f"no such file: {archive}",
+                              "give a `docker save` or OCI image archive (buildah push IMAGE oci-archive:FILE)")
+    require_tools()
+    tag = args.image or default_tag(manifest)
+    info = make_sif(folder, tag, docker=docker_cli(), archive=archive, quiet=args.json)
+    if args.json:
+        _print_json({"ok": True, **info})
+    return 0
+
+
+def _sif_args(p):
+    p.add_argument("folder", help="output folder of `envbuilder build` (holds manifest.json)")
+    p.add_argument("--image", metavar="REF", help="Docker image (default: the manifest's image.tag)")
+    p.add_argument("--archive", metavar="FILE", help="an image archive instead: `docker save` or OCI (buildah)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 # --- presets / schema ---------------------------------------------------------------------------
@@ -189,7 +217,7 @@ command("diff", "compare two locks or manifests (files, output folders, images):
 
 ARGS = {"check": _add_spec_arg, "build": _build_args, "lock": lock_args, "diff": diff_args, "presets": lambda p: p.add_argument(
     "--json", action="store_true", help="machine-readable output"), "schema": lambda p: None,
-        "verify": _verify_args}
+        "verify": _verify_args, "sif": _sif_args}
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -149,7 +149,9 @@ class Charliecloud(Runtime):
         ]
 
     def cleanup(self):
-        return ['    if [ -n "${sif_mount:-}" ]; then fusermount -u "$sif_mount" 2>/dev/null || true; fi']
+        return ['    if [ -n "${sif_mount:-}" ]; then',
+                '        fusermount3 -u "$sif_mount" 2>/dev/null || fusermount -u "$sif_mount" 2>/dev/null || true',
+                "    fi"]
 
 
 class Pyxis(Runtime):

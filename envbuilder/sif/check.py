@@ -91,8 +91,9 @@ def mounted(sif: Path, offset: int):
     try:
         yield where
     finally:
+        fusermount = shutil.which("fusermount3") or shutil.which("fusermount") or "fusermount3"
         for _ in range(10):
-            if subprocess.run(["fusermount", "-u", str(where)], capture_output=True).returncode == 0:
+            if subprocess.run([fusermount, "-u", str(where)], capture_output=True).returncode == 0:
                 break
             time.sleep(1)
         try:

@@ -68,8 +68,11 @@ def _layers(archive: Path) -> tuple[dict, list[str], tarfile.TarFile]:
     """(config JSON, layer member names in order, the open archive)."""
     try:
         tar = tarfile.open(archive)
-    except (tarfile.TarError, OSError) as exc:
-        raise broken(f"{archive} is not an image archive ({exc})") from None
+    except tarfile.TarError:
+        raise broken(f"{archive} is not an image archive (not a tar file)",
+                     "give a `docker save` or OCI image archive, or rebuild the image") from None
+    except OSError as exc:
+        raise broken(f"cannot read {archive}: {exc.strerror}") from None
     names = set(tar.getnames())
     if "manifest.json" in names:                    # docker-archive (`docker save`)
         manifest = _member_json(tar, "manifest.json")

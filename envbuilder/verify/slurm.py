@@ -150,7 +150,12 @@ def run_slurm(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
             env["PATH"] = str(Path(python).absolute().parent) + os.pathsep + env.get("PATH", "")
         t.image = None
     elif runtime == "charliecloud":
-        t.image, _owned = charliecloud_dir(args.image or default_tag(t.manifest))
+        from ..verify.sif_runtime import is_sif
+
+        if is_sif(args.image):        # the job mounts the SIF's SquashFS partition itself
+            t.image = str(Path(args.image).resolve())
+        else:
+            t.image, _owned = charliecloud_dir(args.image or default_tag(t.manifest))
         env["ENVBUILDER_IMAGE"] = t.image
     else:
         t.image = args.image

@@ -1,0 +1,271 @@
+"""The .sif made without Apptainer (`envbuilder build --sif`, `envbuilder sif`), checked without it:
+siftool lists the objects Apptainer writes, the root file system holds /.singularity.d with the
+image's environment, the smoke suite passes from the SIF's own SquashFS partition with
+charliecloud (2 ranks, locally and through `sbatch job.sbatch` on the real Slurm), two SIFs of one
+lock are the same bytes, and bad input (missing tools, a broken image, no room) is one message,
+exit 1, no half-written SIF.
+
+The cpu-torch image comes from the engine's build cache when test_build_verify.py built it
+before; the SIF itself takes about a minute per copy here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, run_envbuilder
+from infra import (BASE_IMAGE, base_image, docker_cli, require_binary, require_docker, require_slurm,
+                   wheelhouse)
+
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+NAME = "cpu-torch-horovod"
+
+
+def tools():
+    for name, package in (("siftool", "siftool"), ("mksquashfs", "squashfs-tools"),
+                          ("squashfuse", "squashfuse"), ("ch-run", "charliecloud")):
+        require_binary(name, f"apt-get install {package} (.ci/install-system.sh)")
+
+
+def siftool(*args: str) -> str:
+    proc = subprocess.run(["siftool", *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def build_sif(out: Path, *extra: str):
+    t0 = time.time()
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out), "--ca-bundle", CA_BUNDLE,
+                       "--wheelhouse", wheelhouse(), "--sif", *extra, timeout=2400)
+    assert r.code == 0, r.err[-3000:]
+    return r, time.time() - t0
+
+
+@pytest.fixture(scope="module")
+def torch_sif(tmp_path_factory):
+    """cpu-torch built by envbuilder (cached layers when the suite built it already) and its SIF."""
+    require_docker()
+    base_image()
+    tools()
+    out = tmp_path_factory.mktemp("sif") / "cpu-torch"
+    r, wall = build_sif(out)
+    info = json.loads((out / "image.json").read_text())
+    print(f"build --sif: {wall:.0f} s in all")
+    yield out, out / f"{NAME}.sif", info, r
+    subprocess.run([docker_cli(), "rmi", "-f", info["tag"]], capture_output=True)
+
+
+# --- format -------------------------------------------------------------------------------------
+
+def test_siftool_lists_what_apptainer_writes(torch_sif):
+    out, sif, _, r = torch_sif
+    assert f"wrote {sif}" in r.out
+    listing = siftool("list", str(sif))
+    rows = [l for l in listing.splitlines() if re.match(r"^\d+ +\|", l)]
+    types = [row.split("|")[-1].strip() for row in rows]
+    assert types == ["Def.FILE", "JSON.Labels", "JSON.Generic", "JSON.Generic", "SBOM (cyclonedx-json)",
+                     "FS (Squashfs/*System/amd64)"], listing
+    assert all(row.split("|")[1].strip() == "1" for row in rows)          # group 1, as Apptainer
+    header = siftool("header", str(sif))
+    assert "Launch Script:        #!/usr/bin/env run-singularity" in header
+    assert "Primary Architecture: amd64" in header
+    # SOURCE_DATE_EPOCH semantics of Apptainer >= 1.5: nil ID, zero times (siftool prints neither)
+    assert "ID:" not in header and "Created At:" not in header, header
+    assert siftool("dump", "1", str(sif)) == f"bootstrap: docker-daemon\nfrom: {torch_sif[2]['tag']}\n"
+    labels = json.loads(siftool("dump", "2", str(sif)))
+    assert labels["org.label-schema.usage.singularity.deffile.from"] == torch_sif[2]["tag"]
+    manifest = json.loads(siftool("dump", "3", str(sif)))
+    assert manifest == json.loads((out / "manifest.json").read_text())
+    sbom = json.loads(siftool("dump", "5", str(sif)))
+    purls = {c["purl"] for c in sbom["components"]}
+    assert any(p.startswith("pkg:pypi/torch@2.13.0") for p in purls)
+    assert any(p.startswith("pkg:deb/debian/libopenmpi3@") for p in purls)
+
+
+def test_root_fs_holds_singularity_d_with_the_image_environment(torch_sif, tmp_path):
+    _, sif, info, _ = torch_sif
+    from envbuilder.sif import check
+
+    env = json.loads(subprocess.run([docker_cli(), "image", "inspect", info["tag"]], capture_output=True,
+                                    text=True, check=True).stdout)[0]["Config"]["Env"]
+    offset = check.structure(sif)["partition"]["offset"]
+    with check.mounted(sif, offset) as root:
+        sd = root / ".singularity.d"
+        script = (sd / "env" / "10-docker2singularity.sh").read_text()
+        for item in env:
+            name, _, value = item.partition("=")
+            if name == "PATH":
+                assert f'export PATH="{value}"' in script
+            else:
+                assert f'export {name}="${{{name}:-"{value}"}}"' in script
+        for rel in ("env/01-base.sh", "env/90-environment.sh", "env/99-base.sh", "actions/exec",
+                    "actions/run", "actions/test", "runscript", "test"):
+            assert (sd / rel).stat().st_mode & 0o777 == 0o755, rel
+        assert "envbuilder_smoke" in (sd / "test").read_text()
+        assert os.readlink(root / "singularity") == ".singularity.d/runscript"
+        assert json.loads((sd / "labels.json").read_text())["org.opencontainers.image.architecture"] == "amd64"
+        # the environment as `apptainer exec` builds it, from those scripts
+        os.environ.setdefault("USER", "root")
+        proc = subprocess.run(["ch-run", str(root), "--", "/.singularity.d/actions/exec", "sh", "-c",
+                               'echo "$PATH"; command -v python'], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        path = next(item.split("=", 1)[1] for item in env if item.startswith("PATH="))
+        assert proc.stdout.splitlines()[0] == path
+        assert proc.stdout.splitlines()[1].startswith("/opt/venv/")
+
+
+# --- running the content ------------------------------------------------------------------------
+
+def test_verify_sif_runs_the_suite_from_its_squashfs_with_two_ranks(torch_sif, tmp_path):
+    _, sif, _, _ = torch_sif
+    report = tmp_path / "report.json"
+    t0 = time.time()
+    r = run_envbuilder("verify", str(sif), "--ranks", "2", "--report", str(report), timeout=900)
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    data = json.loads(report.read_text())
+    checks = {c["name"]: c for c in data["checks"]}
+    assert not [c for c in checks.values() if c["status"] == "fail"], checks
+    assert checks["allreduce.exact[mpi]"]["status"] == "pass"
+    assert checks["train.pytorch[mpi]"]["status"] == "pass"
+    assert data["verify"]["runtime"] == "charliecloud"
+    assert data["sif"]["partition"]["arch"] == "amd64"
+    assert f"(charliecloud, SIF {sif})" in r.out
+    print(f"verify x.sif: {time.time() - t0:.0f} s")
+
+
+def test_sbatch_job_runs_the_sif_with_charliecloud(torch_sif, tmp_path):
+    require_slurm()
+    out, sif, _, _ = torch_sif
+    folder = tmp_path / "job"
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(folder),
+                       "--runtime", "charliecloud")
+    assert r.code == 0, r.err
+    report = tmp_path / "slurm-report.json"
+    os.environ.setdefault("USER", "root")
+    t0 = time.time()
+    r = run_envbuilder("verify", str(folder), "--slurm", "--ranks", "2", "--image", str(sif),
+                       "--report", str(report), timeout=900)
+    assert report.is_file(), r.out[-2000:] + r.err[-3000:]
+    data = json.loads(report.read_text())
+    failed = [(c["name"], c.get("detail", "")[:300]) for c in data["checks"] if c["status"] == "fail"]
+    assert r.code == 0 and not failed, failed or r.err[-3000:]
+    names = {c["name"]: c for c in data["checks"]}
+    assert names["horovod.init[mpi]"]["figure"] == "2 ranks, mpi controller"
+    assert set(names["train.pytorch[mpi]"]["ranks"]) == {"0", "1"}
+    log = Path(data["slurm"]["log"]).read_text()
+    assert "mounted the SquashFS partition of" in log
+    print(f"verify --slurm with the SIF: {time.time() - t0:.0f} s, job {data['slurm']['elapsed_s']} s")
+
+
+# --- bit-identical --------------------------------------------------------------------------------
+
+def test_two_sifs_of_one_lock_are_the_same_bytes(torch_sif, tmp_path):
+    out, sif, _, _ = torch_sif
+    second = tmp_path / "again"
+    _, wall = build_sif(second, "--lock", str(out / "envbuilder.lock"))
+    assert sha256(second / f"{NAME}.sif") == sha256(sif)
+    print(f"second build --sif from the lock: {wall:.0f} s")
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+@pytest.fixture
+def small_folder(tmp_path):
+    """An output folder whose image is the small local base (a SIF of it takes seconds)."""
+    base_image()
+    folder = tmp_path / "deb"
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps({"name": "deb", "expect": {}, "image": {"tag": BASE_IMAGE}}))
+    return folder
+
+
+def _path_without(tmp_path: Path, missing: str) -> str:
+    """A PATH holding the tools this step uses except MISSING (links to the real ones)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("docker", "tar", "mksquashfs", "siftool", "squashfuse", "fusermount3"):
+        real = shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin")
+        if name != missing and real:
+            (bin_dir / name).symlink_to(real)
+    return str(bin_dir)
+
+
+@pytest.mark.parametrize("missing,package", [("siftool", "siftool"), ("mksquashfs", "squashfs-tools")])
+def test_missing_tool_names_the_debian_package(small_folder, tmp_path, missing, package):
+    r = run_envbuilder("sif", str(small_folder), env={"PATH": _path_without(tmp_path, missing)})
+    assert r.code == 1, r.err
+    assert f"{missing} is not installed (Debian package {package})" in r.err
+    assert "Traceback" not in r.err
+    assert sorted(p.name for p in small_folder.iterdir()) == ["manifest.json"]
+
+
+def test_build_sif_checks_tools_before_building(tmp_path):
+    out = tmp_path / "out"
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out), "--sif",
+                       env={"PATH": _path_without(tmp_path, "siftool")})
+    assert r.code == 1 and "siftool is not installed (Debian package siftool)" in r.err
+    assert (out / "Dockerfile").is_file() and not list(out.glob("*.sif"))   # earlier outputs kept
+
+
+def test_broken_image_is_one_message_and_keeps_the_existing_sif(small_folder, tmp_path):
+    tools()
+    existing = small_folder / "deb.sif"
+    existing.write_bytes(b"an earlier SIF")
+    bad = tmp_path / "broken.tar"
+    (tmp_path / "notes.txt").write_text("not an image\n")
+    subprocess.run(["tar", "-cf", str(bad), "-C", str(tmp_path), "notes.txt"], check=True)
+    r = run_envbuilder("sif", str(small_folder), "--archive", str(bad))
+    assert r.code == 1, r.err
+    assert "sif: image:" in r.err and "neither manifest.json (docker save) nor index.json" in r.err
+    assert "Traceback" not in r.err
+    assert existing.read_bytes() == b"an earlier SIF"
+    assert sorted(p.name for p in small_folder.iterdir()) == ["deb.sif", "manifest.json"]
+    r = run_envbuilder("sif", str(small_folder), "--image", "envbuilder/no-such-image:sif")
+    assert r.code == 1 and "is not in the Docker engine" in r.err, r.err
+
+
+def test_no_room_is_one_message_and_no_partial_sif(small_folder, tmp_path):
+    tools()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(small)], check=True)
+    try:
+        folder = small / "deb"
+        shutil.copytree(small_folder, folder)
+        r = run_envbuilder("sif", str(folder))
+        assert r.code == 1, r.err
+        assert re.search(r"no room: [\d.]+ GB free under .*, making the SIF needs about", r.err), r.err
+        assert sorted(p.name for p in folder.iterdir()) == ["manifest.json"]
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+def test_sif_of_the_small_base_image_round_trips(small_folder):
+    """The whole path on a small image: `envbuilder sif`, then `verify`'s structure check."""
+    tools()
+    r = run_envbuilder("sif", str(small_folder), "--json", timeout=600)
+    assert r.code == 0, r.err
+    info = json.loads(r.out)
+    from envbuilder.sif import check
+
+    objects = check.structure(Path(info["sif"]))["objects"]
+    assert [o["name"] for o in objects] == ["definition", "labels.json", "envbuilder-manifest.json",
+                                            "oci-config.json", "sbom.cdx.json", "rootfs.squashfs"]

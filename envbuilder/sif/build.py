@@ -105,9 +105,12 @@ def check_room(folder: Path, need: int) -> None:
 
 
 def squashfs(mksquashfs: str, root: Path, dest: Path, epoch: int) -> None:
-    # -comp gzip: Apptainer's default (assemblers/sif.go); every inode time and the file
-    # system's own time fixed; mksquashfs sorts each folder and is reproducible by default
-    _run([mksquashfs, str(root), str(dest), "-noappend", "-comp", "gzip", "-no-progress", "-quiet",
+    # -comp gzip: Apptainer's default (assemblers/sif.go), readable by every kernel and
+    # squashfuse; level 1 instead of 9: 8x less CPU for 8 % more bytes (measured on the Debian
+    # base: 2.2 s vs 17.4 s user, 51.8 vs 47.7 MB). Every inode time and the file system's own
+    # time fixed; mksquashfs sorts each folder and is reproducible by default
+    _run([mksquashfs, str(root), str(dest), "-noappend", "-comp", "gzip", "-Xcompression-level", "1",
+          "-no-progress", "-quiet",
           "-all-time", str(epoch), "-mkfs-time", str(epoch), "-no-xattrs"], "mksquashfs")
 
 

@@ -269,3 +269,7 @@ def test_sif_of_the_small_base_image_round_trips(small_folder):
     objects = check.structure(Path(info["sif"]))["objects"]
     assert [o["name"] for o in objects] == ["definition", "labels.json", "envbuilder-manifest.json",
                                             "oci-config.json", "sbom.cdx.json", "rootfs.squashfs"]
+    # the Apptainer runtime itself cannot run here: verify prints the command for a cluster node
+    r = run_envbuilder("verify", info["sif"], "--runtime", "apptainer")
+    assert r.code == 2 and "apptainer (or singularity) is not installed" in r.err
+    assert f"apptainer exec --nv {info['sif']} python -m envbuilder_smoke --json --ranks 2" in r.err

@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "./manifest.json or the only images/<name>/ here")
     parser.add_argument("--image", metavar="REF",
                         help="image to run: docker tag (default: the manifest's image.tag), .sif file "
-                             "(apptainer) or directory/tag (charliecloud)")
+                             "(apptainer; without Apptainer: charliecloud runs its SquashFS partition) "
+                             "or directory/tag (charliecloud)")
     parser.add_argument("--runtime", choices=RUNTIMES, default="docker",
                         help="where the suite runs (default docker); host: this machine's Python")
     parser.add_argument("--ranks", type=int, default=2, help="Horovod ranks (default 2)")

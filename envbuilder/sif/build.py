@@ -153,19 +153,24 @@ def make_sif(folder: Path, tag: str, *, docker: str = "docker", archive: Path | 
     try:
         root = work / "root"
         root.mkdir()
-        if archive is None:
+        from_engine = archive is None
+        if from_engine:
             archive = work / "image.tar"
             rootfs.save_docker_image(docker, tag, archive)
         config = rootfs.unpack(archive, root, work)
-        if archive.parent == work:
+        if from_engine:
             archive.unlink()
-        label_map = metadata.labels(config, tag, epoch, f"envbuilder {__version__} (siftool, mksquashfs)")
-        metadata.insert(root, config, tag=tag, label_map=label_map, suite_module=SUITE_MODULE,
+        # the source as Apptainer names it: docker-daemon:TAG, or the archive's format and file
+        bootstrap, source = ("docker-daemon", tag) if from_engine else (config.archive_format, archive.name)
+        deffile = metadata.definition(bootstrap, source)
+        label_map = metadata.labels(config, bootstrap, source, epoch,
+                                    f"envbuilder {__version__} (siftool, mksquashfs)")
+        metadata.insert(root, config, deffile=deffile, label_map=label_map, suite_module=SUITE_MODULE,
                         manifest=IMAGE_MANIFEST)
         part = work / "rootfs.squashfs"
         squashfs(tools["mksquashfs"], root, part, epoch)
         shutil.rmtree(root)
-        assemble(tools["siftool"], tmp_sif, deffile=metadata.definition(tag), labels=label_map,
+        assemble(tools["siftool"], tmp_sif, deffile=deffile, labels=label_map,
                  manifest=manifest, oci_config=config.raw, sbom=cyclonedx(manifest), partition=part,
                  arch=config.architecture, work=work)
         layout.make_deterministic(tmp_sif, launch=layout.LAUNCH)

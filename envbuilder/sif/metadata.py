@@ -127,20 +127,21 @@ def test_script(suite_module: str, manifest: str) -> str:
             f'exec python -m {suite_module} --manifest {manifest} "$@"\n')
 
 
-def definition(tag: str) -> bytes:
-    """What Apptainer records for `apptainer build x.sif docker-daemon://TAG`."""
-    return f"bootstrap: docker-daemon\nfrom: {tag}\n".encode()
+def definition(bootstrap: str, source: str) -> bytes:
+    """What Apptainer records for `apptainer build x.sif BOOTSTRAP:SOURCE` (a URI build:
+    pkg/build/types/definition.go NewDefinitionFromURI keeps just these two header lines)."""
+    return f"bootstrap: {bootstrap}\nfrom: {source}\n".encode()
 
 
-def labels(config: ImageConfig, tag: str, epoch: int, writer: str) -> dict:
+def labels(config: ImageConfig, bootstrap: str, source: str, epoch: int, writer: str) -> dict:
     when = datetime.fromtimestamp(epoch, tz=timezone.utc)
     out = dict(config.labels)
     out.update({
         "org.label-schema.schema-version": "1.0",
         "org.opencontainers.image.created": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "org.label-schema.build-date": when.strftime("%A_%-d_%B_%Y_%-H:%-M:%-S_UTC"),
-        "org.label-schema.usage.singularity.deffile.bootstrap": "docker-daemon",
-        "org.label-schema.usage.singularity.deffile.from": tag,
+        "org.label-schema.usage.singularity.deffile.bootstrap": bootstrap,
+        "org.label-schema.usage.singularity.deffile.from": source,
         "org.opencontainers.image.architecture": config.architecture,
         "org.label-schema.build-arch": config.architecture,
         "dev.envbuilder.sif-writer": writer,
@@ -156,7 +157,7 @@ def _write(path: Path, text: str | bytes, mode: int) -> None:
     path.chmod(mode)
 
 
-def insert(root: Path, config: ImageConfig, *, tag: str, label_map: dict, suite_module: str,
+def insert(root: Path, config: ImageConfig, *, deffile: bytes, label_map: dict, suite_module: str,
            manifest: str) -> None:
     """Write /.singularity.d and its symlinks into ROOT."""
     for folder in FOLDERS:
@@ -182,5 +183,5 @@ def insert(root: Path, config: ImageConfig, *, tag: str, label_map: dict, suite_
     _write(sd / "runscript", runscript(config), 0o755)
     _write(sd / "startscript", "#!/bin/sh\n", 0o755)
     _write(sd / "test", test_script(suite_module, manifest), 0o755)
-    _write(sd / "Singularity", definition(tag), 0o644)
+    _write(sd / "Singularity", deffile, 0o644)
     _write(sd / "labels.json", json.dumps(label_map, indent="\t"), 0o644)

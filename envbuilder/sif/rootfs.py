@@ -35,6 +35,7 @@ class ImageConfig:
     cmd: list[str] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
     raw: dict = field(default_factory=dict)     # the "config" object as the image has it
+    archive_format: str = "docker-archive"      # or oci-archive: Apptainer's bootstrap names
 
     @classmethod
     def from_json(cls, data: dict) -> "ImageConfig":
@@ -64,8 +65,8 @@ def _member_json(tar: tarfile.TarFile, name: str) -> dict:
         raise broken(f"the image archive's {name} is missing or not JSON ({exc})") from None
 
 
-def _layers(archive: Path) -> tuple[dict, list[str], tarfile.TarFile]:
-    """(config JSON, layer member names in order, the open archive)."""
+def _layers(archive: Path) -> tuple[dict, list[str], tarfile.TarFile, str]:
+    """(config JSON, layer member names in order, the open archive, its format)."""
     try:
         tar = tarfile.open(archive)
     except tarfile.TarError:
@@ -79,13 +80,14 @@ def _layers(archive: Path) -> tuple[dict, list[str], tarfile.TarFile]:
         if not isinstance(manifest, list) or not manifest:
             raise broken("the image archive's manifest.json lists no image")
         entry = manifest[0]
-        return _member_json(tar, entry["Config"]), list(entry["Layers"]), tar
+        return _member_json(tar, entry["Config"]), list(entry["Layers"]), tar, "docker-archive"
     if "index.json" in names:                       # OCI image layout archive
         index = _member_json(tar, "index.json")
         desc = (index.get("manifests") or [{}])[0]
         blob = lambda d: "blobs/" + d["digest"].replace(":", "/", 1)  # noqa: E731
         manifest = _member_json(tar, blob(desc))
-        return _member_json(tar, blob(manifest["config"])), [blob(l) for l in manifest["layers"]], tar
+        return (_member_json(tar, blob(manifest["config"])), [blob(l) for l in manifest["layers"]], tar,
+                "oci-archive")
     raise broken(f"{archive} has neither manifest.json (docker save) nor index.json (OCI archive)")
 
 
@@ -148,8 +150,10 @@ def _apply_layer(tar: tarfile.TarFile, member: str, root: Path, scratch: Path) -
 
 def unpack(archive: Path, root: Path, scratch: Path) -> ImageConfig:
     """Apply ARCHIVE's layers into ROOT (an empty folder); return its config."""
-    config, layers, tar = _layers(archive)
+    config, layers, tar, kind = _layers(archive)
     with tar:
         for member in layers:
             _apply_layer(tar, member, root, scratch)
-    return ImageConfig.from_json(config)
+    image = ImageConfig.from_json(config)
+    image.archive_format = kind
+    return image

@@ -139,9 +139,11 @@ class Charliecloud(Runtime):
     def launch(self, gpu):
         return [
             'if [ -n "$sif_mount" ]; then',
-            "    # a SIF is entered as `apptainer exec` enters it: its /.singularity.d/env scripts",
-            "    # set the image's environment (it has no /ch/environment for --set-env)",
-            '    launch=(ch-run "${runtime_args[@]}" "$IMAGE" -- /.singularity.d/actions/exec)',
+            "    # a SIF is entered as `apptainer exec` enters it: its /.singularity.d/env scripts set",
+            "    # the image's environment (it has no /ch/environment for --set-env); sourced by bash,",
+            "    # not actions/exec's /bin/sh, which would drop the exported rank_main function",
+            "    # shellcheck disable=SC2016  # expanded inside the image, not here",
+            '    launch=(ch-run "${runtime_args[@]}" "$IMAGE" -- bash -c \'for s in /.singularity.d/env/*.sh; do . "$s"; done; exec "$@"\' sif-env)',
             "else",
             "    # --set-env: the image's own environment (PATH, its venv); the job's exports pass through",
             '    launch=(ch-run --set-env "${runtime_args[@]}" "$IMAGE" --)',

@@ -150,7 +150,7 @@ def run_slurm(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
             env["PATH"] = str(Path(python).absolute().parent) + os.pathsep + env.get("PATH", "")
         t.image = None
     elif runtime == "charliecloud":
-        from ..verify.sif_runtime import is_sif
+        from .sif_runtime import is_sif
 
         if is_sif(args.image):        # the job mounts the SIF's SquashFS partition itself
             t.image = str(Path(args.image).resolve())

@@ -26,10 +26,11 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import CheckFailed, EnvbuilderError
+from ..paths import MANIFEST_IN_IMAGE, SMOKE_DIR
 from . import layout, metadata, rootfs
 
-SUITE_MODULE = "envbuilder_smoke"
-IMAGE_MANIFEST = "/opt/envbuilder/manifest.json"
+SUITE_MODULE = SMOKE_DIR
+IMAGE_MANIFEST = MANIFEST_IN_IMAGE
 TOOLS = {"mksquashfs": "squashfs-tools", "siftool": "siftool", "tar": "tar"}
 ROOM_FACTOR = 2.5        # the saved archive, the unpacked root and the SquashFS, side by side
 

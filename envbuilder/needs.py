@@ -21,6 +21,8 @@ def pip_groups(stack) -> dict[str, list[str]]:
         groups["python"] = [b if b.startswith("pip==") else b.replace("==", ">=") for b in python.BOOTSTRAP]
     if not stack.framework_from_base:
         groups["framework"] = [stack.framework_requirement]
+    if stack.cuda_toolkit_requirement:
+        groups["toolkit"] = [stack.cuda_toolkit_requirement]       # nvcc + headers, devel stage only
     if stack.horovod_sdist:
         groups["horovod"] = horovod.requirements(stack)
     if stack.spec.packages.pip:

@@ -32,14 +32,31 @@ class Stack:
     @property
     def framework_requirement(self) -> str:
         fw = self.spec.framework
-        return f"{self.catalog.framework(fw.name)['pip']}=={fw.version}"
+        extra = (self.pypi_cuda or {}).get("extra")
+        return f"{self.catalog.framework(fw.name)['pip']}{f'[{extra}]' if extra else ''}=={fw.version}"
+
+    @property
+    def pypi_cuda(self) -> dict | None:
+        """With `cuda: {source: pypi}`: what the framework's PyPI wheels bring (catalog)."""
+        if not (self.spec.cuda and self.spec.cuda.from_pypi):
+            return None
+        fw = self.spec.framework
+        return self.catalog.pypi_cuda(fw.name, fw.version)
+
+    @property
+    def cuda_toolkit_requirement(self) -> str | None:
+        """The CUDA toolkit wheels (nvcc, headers) Horovod's NCCL build needs: devel stage only."""
+        hv = self.spec.horovod
+        if not (self.pypi_cuda and hv and "nccl" in hv.operations and self.horovod_sdist):
+            return None
+        return self.pypi_cuda.get("toolkit")
 
     @property
     def framework_index_url(self) -> str | None:
         fw = self.spec.framework
         if fw.index_url:
             return fw.index_url
-        if fw.name == "pytorch" and self.spec.cuda:
+        if fw.name == "pytorch" and self.spec.cuda and not self.spec.cuda.from_pypi:
             return "https://download.pytorch.org/whl/cu" + minor(self.spec.cuda.version).replace(".", "")
         return None
 
@@ -69,6 +86,8 @@ class Stack:
             return None
         if self.spec.cuda.nccl:
             return self.spec.cuda.nccl
+        if self.pypi_cuda:
+            return self.pypi_cuda["nccl"]
         if self.ngc:
             return self.ngc.get("nccl")
         cu = self.catalog.cuda(self.spec.cuda.version)
@@ -80,6 +99,8 @@ class Stack:
             return None
         if self.spec.cuda.cudnn:
             return self.spec.cuda.cudnn
+        if self.pypi_cuda:
+            return self.pypi_cuda["cudnn"]
         if self.ngc:
             return self.ngc.get("cudnn")
         cu = self.catalog.cuda(self.spec.cuda.version)
@@ -99,9 +120,14 @@ class Stack:
         out = []
         for name, patch in sorted(self.catalog.patches().items()):
             applies = patch["applies"]
-            if satisfies(hv.version, applies["horovod"]) and fw.family in applies and \
-                    satisfies(fw.version, applies[fw.family]):
-                out.append((name, patch))
+            if not satisfies(hv.version, applies["horovod"]):
+                continue
+            if "cuda" in applies and not (self.spec.cuda and satisfies(self.spec.cuda.version, applies["cuda"])):
+                continue
+            families = [k for k in ("pytorch", "tensorflow") if k in applies]
+            if families and not (fw.family in applies and satisfies(fw.version, applies[fw.family])):
+                continue
+            out.append((name, patch))
         return out
 
     @property

@@ -99,6 +99,9 @@ SPEC_FIELDS: dict[str, Field] = {
         "nccl": v("NCCL version (must be built for the same CUDA major)."),
         "driver": v("The cluster's NVIDIA driver version, when known: checked against the CUDA minimum."),
         "compute_capability": v("Oldest GPU's compute capability on the cluster, e.g. \"7.0\" for V100."),
+        "source": s("Where CUDA, cuDNN and NCCL come from. image: the nvidia/cuda or NGC base image; "
+                    "pypi: NVIDIA's wheels (the framework's own nvidia-* dependencies) on a plain OS base.",
+                    default="image", enum=("image", "pypi")),
     }),
     "mpi": obj("MPI inside the image; must match the cluster's (hybrid model).", {
         "flavor": s("MPI family.", required=True, enum=("openmpi", "mpich")),

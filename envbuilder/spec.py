@@ -41,6 +41,11 @@ class Cuda:
     nccl: str | None = None
     driver: str | None = None
     compute_capability: str | None = None
+    source: str = "image"          # image: nvidia/cuda or NGC base; pypi: NVIDIA's wheels on a plain OS base
+
+    @property
+    def from_pypi(self) -> bool:
+        return self.source == "pypi"
 
 
 @dataclass(frozen=True)
@@ -142,7 +147,7 @@ class Spec:
             "description": self.description,
             "framework": _drop_none(vars(self.framework)),
             "python": self.python,
-            "cuda": _drop_none(vars(self.cuda)) if self.cuda else None,
+            "cuda": _cuda_dict(self.cuda) if self.cuda else None,
             "mpi": _drop_none(vars(self.mpi)) if self.mpi else None,
             "horovod": {"version": self.horovod.version, "operations": list(self.horovod.operations)}
             if self.horovod else None,
@@ -159,6 +164,15 @@ class Spec:
     def sha256(self) -> str:
         text = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _cuda_dict(cuda: Cuda) -> dict:
+    """The default source (the base image) is left out: specs written before `source` existed
+    keep their canonical form and hash."""
+    out = _drop_none(vars(cuda))
+    if out.get("source") == "image":
+        del out["source"]
+    return out
 
 
 def _drop_none(d: dict) -> dict:

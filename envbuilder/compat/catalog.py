@@ -69,6 +69,11 @@ class Catalog:
                 return entry["os"]
         return None
 
+    def pypi_cuda(self, framework: str, version: str) -> dict | None:
+        """What the framework's PyPI wheel brings for `cuda: {source: pypi}` (None: not known)."""
+        family = "pytorch" if framework == "pytorch" else "tensorflow"
+        return (self.data.get("pypi_cuda") or {}).get(family, {}).get(version)
+
     def patches(self) -> dict:
         return self.data["patches"]
 

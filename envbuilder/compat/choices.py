@@ -14,7 +14,7 @@ CPU_BASE_FOR_PYTHON = {"3.11": "debian:bookworm", "3.10": "ubuntu:22.04", "3.12"
 
 
 def default_base(spec: Spec, cat: Catalog) -> str:
-    if spec.cuda:
+    if spec.cuda and not spec.cuda.from_pypi:
         cu = cat.cuda(spec.cuda.version)
         if cu is None:
             return f"nvidia/cuda:{spec.cuda.version}-devel-ubuntu22.04"

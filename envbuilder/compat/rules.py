@@ -141,7 +141,7 @@ def cuda_stack(spec: Spec, ctx: Context):
     if not spec.cuda:
         return
     cu = ctx.catalog.cuda(spec.cuda.version)
-    if cu is None and not ctx.ngc:
+    if cu is None and not ctx.ngc and not spec.cuda.from_pypi:    # wheels need no nvidia/cuda image
         known = ", ".join(ctx.catalog.data["cuda"])
         yield Finding("CUDA_UNKNOWN", ERROR, "cuda.version",
                       f"CUDA {spec.cuda.version} is not in the catalog", f"use one of {known}", [])
@@ -338,7 +338,7 @@ def base_and_python(spec: Spec, ctx: Context):
                           f"{spec.base} is not a CUDA {spec.cuda.version} image",
                           "leave base out (envbuilder picks the matching nvidia/cuda image) or make them agree",
                           ["cuda_images"])
-    if spec.cuda and ctx.os_name not in (ctx.catalog.cuda(spec.cuda.version) or {}).get("os", [ctx.os_name]):
+    if spec.cuda and not spec.cuda.from_pypi and ctx.os_name not in (ctx.catalog.cuda(spec.cuda.version) or {}).get("os", [ctx.os_name]):
         yield Finding("CUDA_OS", ERROR, "base",
                       f"there is no CUDA {spec.cuda.version} image for {ctx.os_name}",
                       "pick an OS listed for that CUDA release", ["cuda_images"])
@@ -408,3 +408,35 @@ def check(spec: Spec, catalog: Catalog | None = None) -> list[Finding]:
             out.append(spec.error(f.field, f"{f.reason} [{f.rule}]", fix))
         raise SpecErrors(out)
     return found
+
+
+@rule
+def cuda_from_pypi(spec: Spec, ctx: Context):
+    """`cuda: {source: pypi}`: the framework's PyPI wheels bring CUDA, cuDNN and NCCL; the spec's
+    versions must be the ones those wheels pin, on a plain OS base."""
+    if not (spec.cuda and spec.cuda.from_pypi):
+        return
+    fw = spec.framework
+    wheels = ctx.catalog.pypi_cuda(fw.name, fw.version)
+    if wheels is None:
+        known = ", ".join(f"{fam} {v}" for fam, rel in (ctx.catalog.data.get("pypi_cuda") or {}).items()
+                          for v in rel)
+        yield Finding("PYPI_CUDA_UNKNOWN", ERROR, "cuda.source",
+                      f"envbuilder does not know which NVIDIA wheels {fw.name} {fw.version} brings from PyPI",
+                      f"use one of: {known}; or source: image", [])
+        return
+    if major(wheels["cuda"]) != major(spec.cuda.version):
+        yield Finding("PYPI_CUDA_MAJOR", ERROR, "cuda.version",
+                      f"{fw.name} {fw.version} from PyPI is built for CUDA {wheels['cuda']}, not {spec.cuda.version}",
+                      f"use cuda: {{version: \"{wheels['cuda']}\", source: pypi}}", wheels["sources"])
+    for key in ("cudnn", "nccl"):
+        asked = getattr(spec.cuda, key)
+        if asked and not matches(asked, wheels[key]) and not matches(wheels[key], asked):
+            yield Finding("PYPI_CUDA_PINS", ERROR, f"cuda.{key}",
+                          f"{fw.name} {fw.version}'s wheels pin {key} {wheels[key]}, not {asked}",
+                          f"leave cuda.{key} out (the wheel's pin is used) or set it to \"{wheels[key]}\"",
+                          wheels["sources"])
+    if ctx.base.startswith(("nvidia/cuda:", "nvcr.io/")):
+        yield Finding("PYPI_CUDA_BASE", ERROR, "base",
+                      f"{ctx.base} already holds CUDA; source: pypi installs it from NVIDIA's wheels",
+                      "use a plain OS base (e.g. local/debian:bookworm, ubuntu:24.04) or cuda.source: image", [])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..plan import Plan, Stage
 from ..resolve import Stack
-from . import conda, framework, horovod, mpi, packages, python, smoke, system
+from . import conda, cuda, framework, horovod, mpi, packages, python, smoke, system
 
 
 def assemble(stack: Stack) -> Plan:
@@ -14,8 +14,11 @@ def assemble(stack: Stack) -> Plan:
     devel.items += system.devel_steps(stack)
     devel.items += mpi.devel_steps(stack)
     devel.items += python.devel_steps(stack)
+    devel.items += cuda.wheel_steps(stack)
     devel.items += framework.devel_steps(stack)
+    devel.items += cuda.toolkit_steps(stack)
     devel.items += horovod.devel_steps(stack)
+    devel.items += cuda.slim_steps(stack)
     devel.items += packages.pip_steps(stack)
     devel.items += conda.devel_steps(stack)
 

@@ -1,8 +1,12 @@
-"""CUDA, cuDNN and NCCL: the nvidia/cuda base images carry them; this component pins NCCL
-when the spec asks for a release other than the image's, and names the runtime libraries."""
+"""CUDA, cuDNN and NCCL. From the base image (cuda.source: image): the nvidia/cuda images carry
+them; this component pins NCCL when the spec asks for a release other than the image's. From PyPI
+(cuda.source: pypi): the framework's nvidia-* wheels carry the libraries (their own pip group and
+layer, lock/pip.py); this component adds the toolkit Horovod's NCCL build needs and removes it,
+with every header, before the runtime stage copies the venv."""
 
 from __future__ import annotations
 
+from ..plan import Step
 from ..resolve import Stack
 from ..versions import minor
 
@@ -25,3 +29,125 @@ def devel_apt(stack: Stack) -> list[str]:
 def runtime_apt(stack: Stack) -> list[str]:
     pin = _nccl_pin(stack)
     return [f"libnccl2={pin}"] if pin else []
+
+
+# --- CUDA from PyPI (cuda: {source: pypi}) ----------------------------------------------------
+# NVIDIA's wheels install into the venv's site-packages/nvidia/: CUDA 13 wheels share one tree,
+# nvidia/cu13/{bin,include,lib,nvvm}; NCCL has nvidia/nccl/{include,lib}. The framework's wheels
+# bring the libraries; Horovod's NCCL build also needs nvcc, the runtime headers and CCCL (the
+# toolkit pip group, devel stage only).
+CUDA_HOME = "/usr/local/cuda"
+
+
+def site_packages(stack: Stack) -> str:
+    from ..plan import VENV
+
+    return f"{VENV}/lib/python{stack.python}/site-packages"
+
+
+def wheel_tree(stack: Stack) -> str:
+    return f"{site_packages(stack)}/nvidia/{stack.pypi_cuda.get('cuda_tree', 'cu' + str(stack.cuda_major))}"
+
+
+def nccl_dir(stack: Stack) -> str:
+    return f"{site_packages(stack)}/nvidia/nccl"
+
+
+def toolkit_steps(stack: Stack) -> list[Step]:
+    """nvcc, headers and CCCL from NVIDIA's wheels, laid out as the CUDA_HOME CMake and nvcc expect."""
+    req = stack.cuda_toolkit_requirement
+    if not req:
+        return []
+    from ..lock.render import pip_group
+    from .python import locked_env, pip
+
+    tree, cmajor = wheel_tree(stack), stack.cuda_major
+    locked, mounts = pip_group(stack, "toolkit", pip(stack))
+    cmds = (locked or [f"{pip(stack)} '{req}'"]) + [
+        f"ln -s lib {tree}/lib64",
+        f"mkdir -p {tree}/targets",
+        f"ln -s .. {tree}/targets/x86_64-linux",
+        f"ln -s libcudart.so.{cmajor} {tree}/lib/libcudart.so",
+        f"ln -s libnccl.so.2 {nccl_dir(stack)}/lib/libnccl.so",
+        f"ln -s {tree} {CUDA_HOME}",
+        f"{CUDA_HOME}/bin/nvcc --version",
+    ]
+    notes = [
+        f"{req}: the framework's own cuda-toolkit pin plus nvcc and CCCL (source: PyPI METADATA of cuda-toolkit)",
+        "fix toolkit layout: nvcc.profile looks for include/ under targets/x86_64-linux and for lib64/; "
+        "the wheels have lib/ only: symlinks make the CUDA_HOME an installer makes (source: nvcc.profile of "
+        "nvidia-cuda-nvcc)",
+        "fix link names: the wheels ship libcudart.so.N and libnccl.so.2 without the unversioned names "
+        "CMake's find_library and -lcudart look for",
+    ]
+    return [Step("cuda", f"CUDA toolkit wheels for compiling Horovod's NCCL operations ({CUDA_HOME} -> {tree})",
+                 cmds, network=True, mounts=mounts, notes=notes, build_env=locked_env(stack))]
+
+
+def toolkit_packages(stack: Stack) -> list[str]:
+    """Distribution names of the toolkit group (what is removed again after the build)."""
+    lock = stack.lock
+    if lock and lock.pip.get("toolkit"):
+        return sorted(e["name"] for e in lock.pip["toolkit"])
+    return ["nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-cuda-nvcc", "nvidia-nvvm"]
+
+
+def slim_steps(stack: Stack) -> list[Step]:
+    """The runtime stage copies the venv: drop nvcc and every header first (libraries stay)."""
+    if not stack.pypi_cuda:
+        return []
+    from .python import python_exe
+
+    sp = site_packages(stack)
+    cmds = []
+    if stack.cuda_toolkit_requirement:
+        tree = wheel_tree(stack)
+        cmds += [f"{python_exe(stack)} -m pip uninstall -y --disable-pip-version-check "
+                 + " ".join(toolkit_packages(stack)),
+                 f"rm -f {CUDA_HOME} {tree}/lib64 {tree}/lib/libcudart.so {nccl_dir(stack)}/lib/libnccl.so",
+                 f"rm -rf {tree}/targets {tree}/bin {tree}/nvvm"]
+    cmds += [f"rm -rf {sp}/nvidia/*/include",
+             f"! ls {sp}/nvidia/*/bin/nvcc 2>/dev/null"]
+    return [Step("cuda", "the runtime keeps NVIDIA's libraries, not nvcc or headers", cmds,
+                 notes=["removed here, in the devel stage, so the venv the runtime stage copies has "
+                        "one copy of each library and no toolkit"])]
+
+
+def horovod_flags(stack: Stack) -> dict[str, str]:
+    """Where Horovod's CMake finds CUDA and NCCL when they come from the wheels."""
+    flags = {"HOROVOD_CUDA_HOME": CUDA_HOME, "CUDA_HOME": CUDA_HOME,
+             "HOROVOD_NCCL_INCLUDE": f"{nccl_dir(stack)}/include", "HOROVOD_NCCL_LIB": f"{nccl_dir(stack)}/lib"}
+    archs = cuda_archs(stack)
+    if archs:
+        flags["HOROVOD_BUILD_CUDA_CC_LIST"] = ",".join(a.replace(".", "") for a in archs)
+    return flags
+
+
+def cuda_archs(stack: Stack) -> list[str] | None:
+    """The GPU architectures the image must run on: from the spec's oldest compute capability up,
+    within what the framework's wheels are built for; else all of those."""
+    wheels = stack.pypi_cuda or {}
+    known = list(wheels.get("arch") or [])
+    cc = stack.spec.cuda.compute_capability if stack.spec.cuda else None
+    if not known:
+        return [cc] if cc else None
+    if cc:
+        from ..versions import cmp
+
+        return [a for a in known if cmp(a, cc) >= 0] or [cc]
+    return known
+
+
+def wheel_steps(stack: Stack) -> list[Step]:
+    """The NVIDIA wheels the framework depends on, in a layer before the framework's own: they change
+    least. Only with a lock (its cuda group); without one the framework step installs them."""
+    from ..lock.render import pip_group
+    from .python import locked_env, pip
+
+    locked, mounts = pip_group(stack, "cuda", pip(stack))
+    if not locked:
+        return []
+    n = len(stack.lock.pip["cuda"])
+    return [Step("cuda", f"NVIDIA's CUDA wheels the framework depends on ({n} wheels: CUDA runtime, cuDNN, "
+                         f"NCCL, ...)", locked, network=True, mounts=mounts, build_env=locked_env(stack),
+                 notes=["their own layer before the framework's: a framework or package change leaves it cached"])]

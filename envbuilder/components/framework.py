@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from ..plan import Step
 from ..quoting import shell_word
 from ..resolve import Stack
@@ -18,7 +20,7 @@ def devel_steps(stack: Stack) -> list[Step]:
     extra = f" --extra-index-url {shell_word(index, 'framework.index_url')}" if index else ""
     locked, mounts = pip_group(stack, "framework", f"{pip(stack)}{extra}")
     return [Step("framework", f"{fw.name} {fw.version}", locked or [
-        f"{pip(stack)}{extra} {stack.framework_requirement}",
+        f"{pip(stack)}{extra} {shlex.quote(stack.framework_requirement)}",
     ], network=True, mounts=mounts, build_env=locked_env(stack))]
 
 

@@ -34,6 +34,10 @@ def build_flags(stack: Stack) -> dict[str, str]:
     if "nccl" in hv.operations:
         flags.update({"HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_CUDA_HOME": "/usr/local/cuda",
                       "HOROVOD_NCCL_LINK": "SHARED"})
+        if stack.pypi_cuda:
+            from . import cuda
+
+            flags.update(cuda.horovod_flags(stack))
     else:
         flags["HOROVOD_CPU_OPERATIONS"] = "MPI" if "mpi" in hv.operations else "GLOO"
     return dict(sorted(flags.items()))

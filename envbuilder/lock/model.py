@@ -28,7 +28,11 @@ from ..schema import URL_RE
 
 SCHEMA = "envbuilder.lock/1"
 LOCK_NAME = "envbuilder.lock"
-PIP_GROUPS = ("python", "framework", "horovod", "packages")   # install order in the image
+# install order in the image. cuda: the NVIDIA wheels the framework depends on (they change least,
+# so their layer comes before the framework's own code); toolkit: nvcc and headers for compiling
+# Horovod's CUDA/NCCL code, devel stage only (removed before the runtime stage copies the venv).
+PIP_GROUPS = ("python", "cuda", "framework", "toolkit", "horovod", "packages")
+DEVEL_ONLY_GROUPS = ("toolkit",)
 STAGES = ("devel", "runtime")
 # full-match patterns (re.fullmatch): a lock value never carries a newline into a recipe
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -48,7 +52,8 @@ def canonical_name(name: str) -> str:
 def pip_by_name(groups: dict[str, list[dict]]) -> dict[str, dict]:
     """Canonical name -> entry over pip groups in install order: a later group's entry
     (``overrides``) stands in place of the earlier one it replaces, as in the image."""
-    return {canonical_name(e["name"]): e for g in PIP_GROUPS for e in groups.get(g, [])}
+    return {canonical_name(e["name"]): e for g in PIP_GROUPS if g not in DEVEL_ONLY_GROUPS
+            for e in groups.get(g, [])}
 
 
 def _sha(data) -> str:

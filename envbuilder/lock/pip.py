@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..errors import CheckFailed, EnvbuilderError
 from ..redact import redact_url
-from .model import PIP_GROUPS, canonical_name, pip_by_name
+from .model import DEVEL_ONLY_GROUPS, PIP_GROUPS, canonical_name, pip_by_name
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 
@@ -157,6 +157,11 @@ def _closure(roots: list[str], items: dict, markers: dict) -> list[str]:
     return sorted(seen)
 
 
+def is_nvidia_wheel(name: str) -> bool:
+    """NVIDIA's CUDA wheels: nvidia-cudnn-cu13, nvidia-nccl-cu12, cuda-toolkit, cuda-bindings..."""
+    return canonical_name(name).startswith(("nvidia-", "cuda-"))
+
+
 def split_groups(groups: dict[str, list[str]], install: list[dict], markers: dict) -> dict[str, list[dict]]:
     """Each install group gets the closure of its requirements minus what earlier groups hold."""
     items = {canonical_name(i["metadata"]["name"]): i for i in install}
@@ -168,9 +173,16 @@ def split_groups(groups: dict[str, list[str]], install: list[dict], markers: dic
         names = [n for n in _closure(groups[group], items, markers) if n not in taken]
         taken |= set(names)
         out[group] = [_entry(items[n]) for n in names]
+    if out.get("framework"):
+        # NVIDIA's wheels (nvidia-*, cuda-*) go in a layer of their own before the framework
+        nvidia = [e for e in out["framework"] if is_nvidia_wheel(e["name"])]
+        if nvidia:
+            out["framework"] = [e for e in out["framework"] if not is_nvidia_wheel(e["name"])]
+            out["cuda"] = nvidia
+            groups = {**groups, "cuda": []}
     rest = sorted(set(items) - taken)
     if rest:       # reached by no closure (a marker pip saw differently): installed with the last group
-        last = [g for g in PIP_GROUPS if g in out][-1]
+        last = [g for g in PIP_GROUPS if g in out and g not in DEVEL_ONLY_GROUPS][-1]
         out[last] = sorted(out[last] + [_entry(items[n]) for n in rest], key=lambda e: canonical_name(e["name"]))
     for group in out:
         asked = {_req_name(r) for r in groups[group]}

@@ -44,6 +44,11 @@ def expected(stack: Stack) -> dict:
         "gpu": spec.cuda is not None,
         "packages": dict(sorted(pins.items())),
     }
+    if stack.pypi_cuda:
+        from ..components.cuda import cuda_archs
+
+        out["cuda_source"] = "pypi"
+        out["cuda_arch"] = cuda_archs(stack) or []     # the framework's kernels must cover these
     if lock is not None:
         # OS packages of the final stage, name -> version (for a dpkg drift check)
         stage = "runtime" if "runtime" in lock.apt else "devel"

@@ -33,6 +33,21 @@ FRAMEWORK_MODULES = {
 }
 
 
+GPU_LEFT_OUT = "GPU checks left out (--no-gpu): this image is not verified on a GPU"
+
+
+def gpu_absent(expect, no_gpu):
+    """(status, detail) of a GPU check that cannot run because no GPU is visible. An image built
+    for GPUs is never reported as verified without one: the check fails, unless the user said
+    --no-gpu, and then the report says the GPU checks were left out."""
+    if not expect.get("gpu"):
+        return SKIP, "no GPU (CPU image)"
+    if no_gpu:
+        return SKIP, "not run: no GPU visible; left out (--no-gpu)"
+    return FAIL, ("not run: no GPU visible (the image is built for GPUs: run verify on a GPU node, "
+                  "or pass --no-gpu to leave the GPU checks out)")
+
+
 def result(name, status, detail="", figure="", data=None):
     """One check result as a plain dict (JSON ready)."""
     out = {"name": name, "status": status, "detail": detail, "figure": figure}

@@ -28,7 +28,7 @@ import tempfile
 import time
 
 from . import __version__
-from .common import (BEGIN_MARKER, END_MARKER, FAIL, FAULT_ENV, PASS, REPORT_SCHEMA, SKIP,
+from .common import (BEGIN_MARKER, END_MARKER, FAIL, FAULT_ENV, GPU_LEFT_OUT, PASS, REPORT_SCHEMA, SKIP,
                      describe_exit, exit_file, format_table, rank_file, read_json, result,
                      signal_name, threads_per_rank, cpu_count)
 from .static import ManifestError, framework_key, framework_module, load_manifest, run_static
@@ -276,6 +276,8 @@ def worker_args_for(run, args, manifest_path, workdir):
         wa.append("--first")
     if args.require_gpu:
         wa.append("--require-gpu")
+    if args.no_gpu:
+        wa.append("--no-gpu")
     return wa
 
 
@@ -740,7 +742,10 @@ def build_parser():
     p.add_argument("--threads", type=int, default=0, help="threads per rank (default cores/ranks)")
     p.add_argument("--workdir", default=None, help="folder for the ranks' files (default: temporary)")
     p.add_argument("--keep", action="store_true", help="keep the ranks' files and logs")
-    p.add_argument("--require-gpu", action="store_true", help="fail (not skip) GPU checks without a GPU")
+    p.add_argument("--require-gpu", action="store_true", help=argparse.SUPPRESS)   # the default now
+    p.add_argument("--no-gpu", action="store_true",
+                   help="leave the GPU checks out when no GPU is visible (the report says so); "
+                        "without it they fail on a GPU image")
     p.add_argument("--skip-static", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mpirun-args", default="", help="extra mpirun arguments")
     p.add_argument("--horovodrun-args", default="", help="extra horovodrun arguments")
@@ -760,6 +765,8 @@ def emit(report, args):
     table = format_table(report["checks"])
     summary = "%d passed, %d failed, %d skipped in %.1f s" % (
         report["summary"]["pass"], report["summary"]["fail"], report["summary"]["skip"], report["wall_s"])
+    if report.get("gpu_checks") == "left out":
+        summary += "; " + GPU_LEFT_OUT
     if args.json:
         sys.stdout.write("\n%s\n%s\n%s\n" % (BEGIN_MARKER, text, END_MARKER))
         sys.stdout.flush()
@@ -779,7 +786,7 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
     checks = []
     if rank == 0 and not args.skip_static:
         log(args, "static checks (imports %s)" % (framework_module(expect) or "no framework"))
-        checks.extend(run_static(expect))
+        checks.extend(run_static(expect, args.no_gpu))
     args.launcher = "srun"
     runs = plan_runs(expect, args)
     base = step_workdir(args)
@@ -828,6 +835,18 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
                   launcher="srun (in step, %d tasks)" % size, ranks=size, workdir=base)
 
 
+def gpu_checks_state(expect, checks):
+    """'ran', 'left out' (--no-gpu without a GPU), 'failed: no GPU', or None for a CPU image."""
+    if not expect.get("gpu"):
+        return None
+    gpu = [c for c in checks if c["name"].startswith("gpu.")]
+    if any(c["status"] == PASS for c in gpu):
+        return "ran"
+    if any("left out (--no-gpu)" in c.get("detail", "") for c in gpu):
+        return "left out"
+    return "not run: no GPU visible"
+
+
 def finish(args, manifest, manifest_path, checks, run_records, t_start, launcher, ranks, workdir):
     summary = {s: sum(1 for c in checks if c["status"] == s) for s in (PASS, FAIL, SKIP)}
     report = {
@@ -846,6 +865,7 @@ def finish(args, manifest, manifest_path, checks, run_records, t_start, launcher
         "wall_s": round(time.time() - t_start, 2),
         "ok": summary[FAIL] == 0,
         "summary": summary,
+        "gpu_checks": gpu_checks_state(manifest["expect"], checks),
         "checks": checks,
     }
     emit(report, args)
@@ -874,7 +894,7 @@ def main(argv=None):
     checks = []
     if not args.skip_static:
         log(args, "static checks (imports %s)" % (framework_module(expect) or "no framework"))
-        checks.extend(run_static(expect))
+        checks.extend(run_static(expect, args.no_gpu))
     runs = plan_runs(expect, args)
     if not runs:
         checks.append(result("horovod", SKIP, "the manifest asks for no Horovod: no multi-rank checks"))

@@ -14,7 +14,7 @@ import site
 import subprocess
 import sys
 
-from .common import FAIL, FRAMEWORK_MODULES, PASS, SKIP, result, version_matches
+from .common import FAIL, FRAMEWORK_MODULES, PASS, SKIP, gpu_absent, result, version_matches
 
 
 class ManifestError(Exception):
@@ -190,10 +190,21 @@ def cudnn_version_from_code(v):
     return "%d.%d.%d" % (v // 1000, (v % 1000) // 100, v % 100)
 
 
+def wheel_libraries(pattern):
+    """Libraries NVIDIA's wheels put in site-packages/nvidia/*/lib whose name matches PATTERN."""
+    import glob
+    found = []
+    for entry in sys.path:
+        for path in sorted(glob.glob(os.path.join(entry, "nvidia", "*", "lib", "*"))):
+            if re.search(pattern, os.path.basename(path)) and path not in found:
+                found.append(path)
+    return found
+
+
 def cudnn_library_version():
     """(version, path) of the cuDNN library the image has, from cudnnGetVersion()."""
-    cands = loaded_libraries(r"^libcudnn\.so") + ["libcudnn.so.9", "libcudnn.so.8", "libcudnn.so.7",
-                                                   "libcudnn.so"]
+    cands = loaded_libraries(r"^libcudnn\.so") + wheel_libraries(r"^libcudnn\.so\.\d+$") + [
+        "libcudnn.so.9", "libcudnn.so.8", "libcudnn.so.7", "libcudnn.so"]
     for name in cands:
         try:
             lib = ctypes.CDLL(name)
@@ -339,6 +350,110 @@ def horovod_nccl_version(binding):
     return None, None
 
 
+def cuda_runtime_version():
+    """(version, path) from cudaRuntimeGetVersion() of the libcudart in use (no GPU needed)."""
+    cands = loaded_libraries(r"^libcudart\.so") + wheel_libraries(r"^libcudart\.so\.\d+$") + [
+        "libcudart.so"]
+    for name in cands:
+        try:
+            fn = ctypes.CDLL(name).cudaRuntimeGetVersion
+        except (OSError, AttributeError):
+            continue
+        code = ctypes.c_int(0)
+        try:
+            if fn(ctypes.byref(code)) != 0 or code.value <= 0:
+                continue
+        except Exception:  # noqa: BLE001
+            continue
+        return "%d.%d" % (code.value // 1000, (code.value % 1000) // 10), name
+    return None, None
+
+
+def nccl_library_version():
+    """(version, path) of the NCCL library loaded or shipped in NVIDIA's wheels."""
+    for path in loaded_libraries(r"^libnccl") + wheel_libraries(r"^libnccl\.so\.\d+$"):
+        v = nccl_version_of(path)
+        if v:
+            return v, path
+    return None, None
+
+
+def compiled_archs(fw_mod):
+    """GPU architectures the framework's kernels are built for, e.g. ['7.5', '8.0'] (no GPU needed)."""
+    flags = ""
+    if fw_mod is None:
+        return None
+    if fw_mod.__name__ == "torch":
+        try:
+            flags = fw_mod._C._cuda_getArchFlags() or ""      # what torch.cuda.get_arch_list() reads
+        except Exception:  # noqa: BLE001
+            return None
+        found = re.findall(r"(?:sm|compute)_(\d+)", flags)
+    else:
+        try:
+            flags = fw_mod.sysconfig.get_build_info().get("cuda_compute_capabilities") or []
+        except Exception:  # noqa: BLE001
+            return None
+        found = re.findall(r"(\d+)", " ".join(flags))
+    out = sorted({"%s.%s" % (f[:-1], f[-1]) for f in found}, key=lambda v: tuple(int(x) for x in v.split(".")))
+    return out or None
+
+
+def check_cuda_libraries(expect, fw_mod):
+    """A GPU image's CUDA parts read from the libraries themselves, without a GPU."""
+    if not expect.get("gpu"):
+        return []
+    out = []
+    v, path = cuda_runtime_version()
+    out.append(_cmp("versions.cuda_runtime", "CUDA runtime (cudaRuntimeGetVersion)", expect.get("cuda"), v,
+                    " (%s)" % path if path else ""))
+    v, path = cudnn_library_version()
+    out.append(_cmp("versions.cudnn_library", "cuDNN library (cudnnGetVersion)", expect.get("cudnn"), v,
+                    " (%s)" % path if path else ""))
+    v, path = nccl_library_version()
+    out.append(_cmp("versions.nccl_library", "NCCL library (ncclGetVersion)", expect.get("nccl"), v,
+                    " (%s)" % path if path else ""))
+    want = expect.get("cuda_arch") or []
+    if want:
+        have = compiled_archs(fw_mod)
+        if have is None:
+            out.append(result("versions.cuda_arch", FAIL, "the framework names no compiled GPU architectures "
+                              "(a CPU build?); the spec asks %s" % ", ".join(want), figure="none"))
+        else:
+            missing = [a for a in want if not covers(have, a)]
+            out.append(result("versions.cuda_arch", FAIL if missing else PASS,
+                              ("no kernels for %s; built for %s" % (", ".join(missing), ", ".join(have)))
+                              if missing else "built for %s; covers %s" % (", ".join(have), ", ".join(want)),
+                              figure=" ".join(have)))
+    return out
+
+
+def covers(have, arch):
+    """Kernels for ARCH exist: built for it exactly, or for an older one of the same major
+    (binary compatibility within a major, CUDA C programming guide)."""
+    def t(v):
+        return tuple(int(x) for x in v.split("."))
+    return any(h == arch or (t(h)[0] == t(arch)[0] and t(h) <= t(arch)) for h in have)
+
+
+def check_gpu_visible(expect, fw_mod, no_gpu):
+    """A GPU image with no GPU visible is not verified: this check fails unless --no-gpu."""
+    if not expect.get("gpu"):
+        return []
+    count = 0
+    try:
+        if fw_mod is not None and fw_mod.__name__ == "torch":
+            count = fw_mod.cuda.device_count()
+        elif fw_mod is not None:
+            count = len(fw_mod.config.list_physical_devices("GPU"))
+    except Exception:  # noqa: BLE001
+        count = 0
+    if count:
+        return [result("gpu.visible", PASS, "%d GPU(s) visible" % count, figure=str(count))]
+    status, why = gpu_absent(expect, no_gpu)
+    return [result("gpu.visible", status, why, figure="none")]
+
+
 def check_cuda_stack(expect, fw_mod, binding):
     info = framework_build_info(fw_mod)
     out = []
@@ -454,7 +569,7 @@ def check_user_site():
                   figure="isolated")
 
 
-def run_static(expect):
+def run_static(expect, no_gpu=False):
     """All static checks, in report order. Imports the framework (only the manifest's one)."""
     import time
     out = []
@@ -479,6 +594,8 @@ def run_static(expect):
     out.append(res)
     timed(check_mpi, expect)
     timed(check_cuda_stack, expect, fw_mod, binding)
+    timed(check_cuda_libraries, expect, fw_mod)
+    timed(check_gpu_visible, expect, fw_mod, no_gpu)
     timed(check_packages, expect)
     timed(check_os_packages, expect)
     timed(check_locale)

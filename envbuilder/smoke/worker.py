@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 
-from .common import (FAIL, FAULT_ENV, PASS, SKIP, env_local_rank, env_local_size, env_rank,
+from .common import (FAIL, FAULT_ENV, PASS, SKIP, gpu_absent, env_local_rank, env_local_size, env_rank,
                      env_size, fmt_bytes, fmt_rate, parse_fault, rank_file, read_json, result,
                      threads_per_rank, write_json_atomic)
 
@@ -362,9 +362,7 @@ def check_gpu(ctx):
     tag = ctx.tag
     names = ["gpu.devices", "gpu.rank_map", "gpu.nccl_allreduce", "gpu.mixed_precision"]
     if not ctx.gpu:
-        want = bool(ctx.expect.get("gpu"))
-        why = "no GPU" + (" (the manifest expects one; run on a GPU node)" if want else "")
-        status = FAIL if (want and ctx.args.require_gpu) else SKIP
+        status, why = gpu_absent(ctx.expect, ctx.args.no_gpu)
         return [result(n + tag, status, why) for n in names]
     out = []
     ctx.phase("gpu devices")
@@ -475,6 +473,7 @@ def main(argv=None):
     parser.add_argument("--ranks", type=int, default=0)
     parser.add_argument("--first", action="store_true")
     parser.add_argument("--require-gpu", action="store_true")
+    parser.add_argument("--no-gpu", action="store_true")
     args = parser.parse_args(argv)
 
     import json

@@ -45,8 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--python", metavar="EXE",
                         help="interpreter: host runtime (default: this one), images (default python)")
     parser.add_argument("--gpus", action="store_true", help="docker: pass --gpus all")
-    parser.add_argument("--require-gpu", action="store_true",
-                        help="fail, not skip, the GPU checks when no GPU is visible")
+    parser.add_argument("--require-gpu", action="store_true", help=argparse.SUPPRESS)  # the default now
+    parser.add_argument("--no-gpu", action="store_true",
+                        help="no GPU here: leave the GPU checks of a GPU image out (the table and report "
+                             "say so) instead of failing them; the device-free checks still run")
     # --slurm and its options: envbuilder/verify/slurm.py owns them
     add_slurm_arguments(parser)
 
@@ -58,6 +60,7 @@ def options(args) -> VerifyOptions:
         raise EnvbuilderError("--timeout", f"must be positive, got {args.timeout}")
     return VerifyOptions(ranks=args.ranks, timeout=args.timeout, launcher=args.launcher,
                          python=args.python, gpus=args.gpus, require_gpu=args.require_gpu,
+                         no_gpu=args.no_gpu,
                          echo_stderr=True)
 
 

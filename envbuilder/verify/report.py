@@ -38,8 +38,13 @@ def table(report: dict, *, details: bool = True) -> str:
 def headline(report: dict, where: str) -> str:
     s = summary(report)
     verdict = "OK" if s[FAIL] == 0 else "FAILED"
-    return (f"{verdict}: {where}: {s[PASS]} passed, {s[FAIL]} failed, {s[SKIP]} skipped "
+    if s[FAIL] == 0 and report.get("gpu_checks") == "left out":
+        verdict = "OK without GPU checks"
+    text = (f"{verdict}: {where}: {s[PASS]} passed, {s[FAIL]} failed, {s[SKIP]} skipped "
             f"in {report.get('wall_s', 0):.1f} s")
+    if report.get("gpu_checks") == "left out":
+        text += "; GPU checks left out (--no-gpu): not verified on a GPU"
+    return text
 
 
 def junit_xml(report: dict, *, suite_name: str, properties: dict | None = None) -> str:

@@ -375,6 +375,7 @@ class VerifyOptions:
     python: str | None = None       # host: interpreter (default sys.executable); images: "python"
     gpus: bool = False
     require_gpu: bool = False
+    no_gpu: bool = False
     total_timeout: float | None = None
     echo_stderr: bool = True
 
@@ -391,7 +392,7 @@ def build_argv(t: Target, opts: VerifyOptions, *, container_name: str | None = N
                ch_directory: str | None = None, ch_manifest: bool = False
                ) -> tuple[list[str], dict | None]:
     """The command line verify runs for TARGET (and the environment, None = inherit)."""
-    extra = ["--require-gpu"] if opts.require_gpu else []
+    extra = ["--no-gpu"] if opts.no_gpu else []
     if t.runtime == "host":
         suite = suite_args(opts.ranks, opts.timeout, str(t.manifest_path), opts.launcher, extra)
         return host_argv(opts.python or sys.executable, suite), host_env()

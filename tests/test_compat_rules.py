@@ -110,3 +110,62 @@ horovod: {version: "0.28.1", operations: [nccl, gloo]}
     r = check(cli, write_spec, text)
     assert r.code == 2
     assert "NGC_FRAMEWORK" in r.err and "ships tensorflow 2.14.0" in r.err
+
+
+# --- CUDA from PyPI (cuda: {source: pypi}) -------------------------------------------------------
+
+PYPI_TORCH = """\
+name: demo-pypi
+framework: {name: pytorch, version: "2.13.0"}
+python: "3.11"
+cuda: {version: "13.0", source: pypi}
+base: local/debian:bookworm
+"""
+
+
+@pytest.mark.parametrize("change,needles", [
+    ({'version: "13.0"': 'version: "12.6"'}, ["PYPI_CUDA_MAJOR", "built for CUDA 13.0", 'source: pypi']),
+    ({'version: "2.13.0"': 'version: "2.12.0"'}, ["PYPI_CUDA_UNKNOWN", "pytorch 2.13.0", "source: image"]),
+    ({"source: pypi}": 'source: pypi, nccl: "2.28.3"}'}, ["PYPI_CUDA_PINS", "2.29.7", "cuda.nccl"]),
+    ({"local/debian:bookworm": "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04"}, ["PYPI_CUDA_BASE", "plain OS base"]),
+    ({"source: pypi}": "source: conda}"}, ["cuda.source", "image", "pypi"]),
+])
+def test_cuda_from_pypi_refuses_what_the_wheels_cannot_give(cli, write_spec, change, needles):
+    text = PYPI_TORCH
+    for old, new in change.items():
+        assert old in text
+        text = text.replace(old, new)
+    r = check(cli, write_spec, text)
+    assert r.code == 2, r.out + r.err
+    for needle in needles:
+        assert needle in r.err, (needle, r.err)
+    assert "Traceback" not in r.err
+
+
+def test_cuda_from_pypi_renders_the_wheel_lane(cli, write_spec, tmp_path):
+    out = tmp_path / "out"
+    r = cli("build", str(write_spec(PYPI_TORCH.replace("base:", "horovod: {version: \"0.28.1\", operations: [nccl, gloo]}\nbase:"))),
+            "--no-build", "--out", str(out))
+    assert r.code == 0, r.err
+    dockerfile = (out / "Dockerfile").read_text()
+    assert "FROM local/debian:bookworm AS devel" in dockerfile and "nvidia/cuda" not in dockerfile
+    assert "download.pytorch.org" not in dockerfile                      # PyPI's torch is the CUDA build
+    assert "'cuda-toolkit[nvcc,cccl,cudart]==13.0.3'" in dockerfile
+    assert "HOROVOD_NCCL_LIB=/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib" in dockerfile
+    assert "sed -i 's/CMAKE_CUDA_STANDARD 11/CMAKE_CUDA_STANDARD 17/'" in dockerfile
+    devel, runtime = dockerfile.split("AS runtime")
+    assert "pip uninstall -y" in devel and "nvidia/*/include" in devel
+    assert "nvcc" not in runtime
+    expect = __import__("json").loads((out / "manifest.json").read_text())["expect"]
+    assert expect["cuda"] == "13.0" and expect["nccl"] == "2.29.7" and expect["cudnn"] == "9.20.0"
+    assert expect["gpu"] is True and expect["cuda_source"] == "pypi"
+    assert expect["cuda_arch"] == ["7.5", "8.0", "8.6", "9.0", "10.0", "12.0"]
+
+
+def test_tensorflow_gpu_from_pypi_is_the_cuda12_lane(cli, write_spec):
+    from conftest import RECIPES
+
+    text = (RECIPES / "tf-pypi.yaml").read_text()
+    assert cli("check", str(RECIPES / "tf-pypi.yaml")).code == 0
+    r = cli("check", str(write_spec(text.replace('version: "12.5"', 'version: "13.0"'))))
+    assert r.code == 2 and "PYPI_CUDA_MAJOR" in r.err and "CUDA 12" in r.err, r.err

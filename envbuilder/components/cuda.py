@@ -7,6 +7,7 @@ with every header, before the runtime stage copies the venv."""
 from __future__ import annotations
 
 from ..plan import Step
+from ..quoting import shell_word
 from ..resolve import Stack
 from ..versions import minor
 
@@ -63,7 +64,7 @@ def toolkit_steps(stack: Stack) -> list[Step]:
 
     tree, cmajor = wheel_tree(stack), stack.cuda_major
     locked, mounts = pip_group(stack, "toolkit", pip(stack))
-    cmds = (locked or [f"{pip(stack)} '{req}'"]) + [
+    cmds = (locked or [f"{pip(stack)} {shell_word(req, 'cuda toolkit')}"]) + [
         f"ln -s lib {tree}/lib64",
         f"mkdir -p {tree}/targets",
         f"ln -s .. {tree}/targets/x86_64-linux",

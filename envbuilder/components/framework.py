@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
-
 from ..plan import Step
 from ..quoting import shell_word
 from ..resolve import Stack
@@ -20,7 +18,7 @@ def devel_steps(stack: Stack) -> list[Step]:
     extra = f" --extra-index-url {shell_word(index, 'framework.index_url')}" if index else ""
     locked, mounts = pip_group(stack, "framework", f"{pip(stack)}{extra}")
     return [Step("framework", f"{fw.name} {fw.version}", locked or [
-        f"{pip(stack)}{extra} {shlex.quote(stack.framework_requirement)}",
+        f"{pip(stack)}{extra} {shell_word(stack.framework_requirement, "framework")}",
     ], network=True, mounts=mounts, build_env=locked_env(stack))]
 
 

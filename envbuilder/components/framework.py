@@ -18,7 +18,7 @@ def devel_steps(stack: Stack) -> list[Step]:
     extra = f" --extra-index-url {shell_word(index, 'framework.index_url')}" if index else ""
     locked, mounts = pip_group(stack, "framework", f"{pip(stack)}{extra}")
     return [Step("framework", f"{fw.name} {fw.version}", locked or [
-        f"{pip(stack)}{extra} {shell_word(stack.framework_requirement, "framework")}",
+        f"{pip(stack)}{extra} {shell_word(stack.framework_requirement, 'framework')}",
     ], network=True, mounts=mounts, build_env=locked_env(stack))]
 
 

@@ -295,3 +295,32 @@ def test_os_packages_read_from_this_machines_dpkg():
     have = installed_os_packages()
     assert have and "dpkg" in have
     assert check_os_packages({"apt": {"dpkg": have["dpkg"]}})["status"] == "pass"
+
+
+# --- GPU images without a GPU ----------------------------------------------------------------------
+
+def test_gpu_checks_without_a_gpu_fail_unless_left_out():
+    status, why = common.gpu_absent({"gpu": True}, no_gpu=False)
+    assert status == common.FAIL and why.startswith("not run: no GPU visible") and "--no-gpu" in why
+    status, why = common.gpu_absent({"gpu": True}, no_gpu=True)
+    assert status == common.SKIP and "left out (--no-gpu)" in why
+    assert common.gpu_absent({"gpu": False}, no_gpu=False)[0] == common.SKIP      # a CPU image
+
+
+def test_report_says_gpu_checks_were_left_out():
+    from envbuilder.verify.report import headline
+
+    left = [common.result("gpu.visible", common.SKIP, common.gpu_absent({"gpu": True}, True)[1])]
+    assert launcher.gpu_checks_state({"gpu": True}, left) == "left out"
+    failed = [common.result("gpu.visible", common.FAIL, common.gpu_absent({"gpu": True}, False)[1])]
+    assert launcher.gpu_checks_state({"gpu": True}, failed) == "not run: no GPU visible"
+    assert launcher.gpu_checks_state({"gpu": False}, []) is None
+    text = headline({"checks": left, "wall_s": 1.0, "gpu_checks": "left out"}, "img")
+    assert text.startswith("OK without GPU checks") and "not verified on a GPU" in text
+    assert headline({"checks": failed, "wall_s": 1.0}, "img").startswith("FAILED")
+
+
+def test_compiled_arch_coverage_follows_binary_compatibility():
+    assert static.covers(["7.5", "8.0", "9.0"], "8.6")         # sm_80 code runs on 8.6
+    assert not static.covers(["8.0", "9.0"], "7.5")            # nothing for Turing
+    assert not static.covers(["8.6"], "8.0")                   # newer minor does not run on older

@@ -41,7 +41,7 @@ CUDA_HOME = "/usr/local/cuda"
 
 
 def site_packages(stack: Stack) -> str:
-    from ..plan import VENV
+    from ..paths import VENV
 
     return f"{VENV}/lib/python{stack.python}/site-packages"
 

@@ -131,10 +131,6 @@ class Stack:
         return out
 
     @property
-    def warnings(self) -> list[Finding]:
-        return [f for f in self.findings if f.level != "error"]
-
-    @property
     def cpu_threads_env(self) -> bool:
         """oneDNN / OpenMP settings from the seeds apply to CPU TensorFlow stacks."""
         return not self.spec.cuda and self.spec.framework.family == "tensorflow"

@@ -77,10 +77,6 @@ class Catalog:
     def patches(self) -> dict:
         return self.data["patches"]
 
-    def cite(self, *ids: str) -> str:
-        return "; ".join(self.sources[i] for i in ids)
-
-
 @lru_cache(maxsize=1)
 def load_catalog() -> Catalog:
     with open(CATALOG_PATH, encoding="utf-8") as fh:

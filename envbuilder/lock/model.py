@@ -33,7 +33,6 @@ LOCK_NAME = "envbuilder.lock"
 # Horovod's CUDA/NCCL code, devel stage only (removed before the runtime stage copies the venv).
 PIP_GROUPS = ("python", "cuda", "framework", "toolkit", "horovod", "packages")
 DEVEL_ONLY_GROUPS = ("toolkit",)
-STAGES = ("devel", "runtime")
 # full-match patterns (re.fullmatch): a lock value never carries a newline into a recipe
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")

@@ -170,8 +170,8 @@ def diff_args(p) -> None:
 
 
 def cmd_diff(args) -> int:
-    kind_a, a = load_any(args.a)
-    kind_b, b = load_any(args.b)
+    kind_a, a = load_any(args.a, engine)
+    kind_b, b = load_any(args.b, engine)
     result = compare(a, b)
     if args.json:
         print(json.dumps({"a": {"what": args.a, "kind": kind_a}, "b": {"what": args.b, "kind": kind_b},

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..errors import CheckFailed
 from ..render.manifest import image_tag
+from .docker import engine
 
 
 def find_binary() -> str | None:
@@ -29,9 +30,7 @@ def apptainer_command(folder: Path, output, binary: str = "apptainer", from_dock
 
 def _docker_has(tag: str) -> bool:
     try:
-        import docker
-
-        docker.from_env(timeout=10).images.get(tag)
+        engine().images.get(tag)
         return True
     except Exception:  # no engine or no such image: build from the definition file instead
         return False

@@ -39,11 +39,9 @@ def _manifest_flat(data: dict) -> dict[str, str]:
     return out
 
 
-def _image_manifest(ref: str) -> dict:
+def _image_manifest(ref: str, connect) -> dict:
     try:
-        import docker
-
-        client = docker.from_env(timeout=60)
+        client = connect()
         raw = client.containers.run(ref, ["cat", MANIFEST_IN_IMAGE], entrypoint=[],
                                     remove=True, stdout=True, stderr=False)
     except Exception as exc:  # no engine, no such image, no manifest in it
@@ -52,8 +50,9 @@ def _image_manifest(ref: str) -> dict:
     return json.loads(raw.decode())
 
 
-def load_any(what: str) -> tuple[str, dict[str, str]]:
-    """(kind, flat entries) of a lock file, a manifest file, a folder holding either, or an image."""
+def load_any(what: str, connect) -> tuple[str, dict[str, str]]:
+    """(kind, flat entries) of a lock file, a manifest file, a folder holding either, or an image
+    (read through CONNECT(), a Docker client factory handed in: engines.docker.engine)."""
     path = Path(what)
     if path.is_dir():
         if (path / LOCK_NAME).is_file():
@@ -76,7 +75,7 @@ def load_any(what: str) -> tuple[str, dict[str, str]]:
             return "manifest", _manifest_flat(data)
         raise EnvbuilderError(what, "is neither a lock nor a manifest", "give envbuilder.lock or manifest.json")
     if ":" in what or "/" in what:
-        return "image", _manifest_flat(_image_manifest(what))
+        return "image", _manifest_flat(_image_manifest(what, connect))
     raise EnvbuilderError(what, "no such file, folder or image", "give a lock, a manifest, a folder or an image")
 
 

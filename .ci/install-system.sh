@@ -18,6 +18,8 @@ PACKAGES=(
     siftool squashfs-tools   # envbuilder build --sif: the SIF reference tool, mksquashfs
     squashfuse fuse3     # verify x.sif / job.sbatch: mount a SIF's SquashFS partition (fusermount3)
     procps               # pgrep/pkill used by the start scripts
+    buildah podman       # daemonless, rootless engines: bit-identical images (engines/buildah.py)
+    uidmap slirp4netns fuse-overlayfs   # rootless builds: subordinate ids, network, overlay storage
 )
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -56,7 +56,13 @@ def _build_args(p):
     _add_spec_arg(p)
     p.add_argument("--out", help="output folder (default: images/<name>)")
     p.add_argument("--no-build", action="store_true", help="write the files only; no container engine needed")
-    p.add_argument("--engine", choices=["docker", "apptainer"], default="docker")
+    p.add_argument("--engine", choices=["docker", "buildah", "podman", "apptainer"], default="docker",
+                   help="buildah/podman: no daemon, rootless, bit-identical images from one lock")
+    p.add_argument("--export", action="append", choices=["docker", "oci-archive", "docker-archive"],
+                   help="buildah/podman: also hand the image to Docker, or write <out>/image.oci.tar "
+                        "or image.docker.tar (apptainer build x.sif oci-archive://...); repeatable")
+    p.add_argument("--check-reproducible", action="store_true",
+                   help="buildah/podman: build twice without cache, print both digests and what differs")
     p.add_argument("--ca-bundle", help="CA bundle the build trusts (TLS-intercepting proxies); never stored in the image")
     p.add_argument("--netrc", help="netrc file with a private pip index's login (machine HOST login USER "
                    "password TOKEN): a BuildKit secret like --ca-bundle, never stored in the image")

@@ -20,7 +20,7 @@ from .engines.docker import engine
 from .errors import CheckFailed
 from .generate import generate
 from .lock.base import check_engine_base
-from .lock.diff import compare, load_any, table
+from .lock.diff import compare, identity_line, image_identity, load_any, table
 from .lock.model import LOCK_NAME, LockError, dump, load
 from .lock.resolve import resolve_lock
 from .needs import needs
@@ -89,6 +89,8 @@ def ensure_locked(args, spec, folder: Path, out):
             write_folder(path.parent, {path.name: dump(lock).encode()})
         if not quiet:
             print(f"locked {spec.name} in {time.monotonic() - started:.0f} s: {summary(lock)} -> {path}")
+    if args.engine in ("buildah", "podman"):
+        return out       # no Docker engine needed: engines/buildah.py checks the base in its own storage
     client = _client("the build")
     for entry in lock.base.values():
         check_engine_base(entry, client)
@@ -173,11 +175,17 @@ def cmd_diff(args) -> int:
     kind_a, a = load_any(args.a, engine)
     kind_b, b = load_any(args.b, engine)
     result = compare(a, b)
+    ident_a, ident_b = image_identity(args.a), image_identity(args.b)
+    line = identity_line(ident_a, ident_b)
+    if line:
+        result["images"] = {"a": ident_a, "b": ident_b, "bit_identical": ident_a["id"] == ident_b["id"]}
     if args.json:
         print(json.dumps({"a": {"what": args.a, "kind": kind_a}, "b": {"what": args.b, "kind": kind_b},
                           **result}, indent=2))
     else:
         print(f"A: {args.a} ({kind_a})\nB: {args.b} ({kind_b})")
         sys.stdout.write(table(result))
+        if line:
+            print(line)
     return 0
 

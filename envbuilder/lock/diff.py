@@ -79,6 +79,42 @@ def load_any(what: str, connect) -> tuple[str, dict[str, str]]:
     raise EnvbuilderError(what, "no such file, folder or image", "give a lock, a manifest, a folder or an image")
 
 
+def image_identity(what: str) -> dict | None:
+    """{id, digest, where} of an image: an output folder's record of its build (image.json), or
+    an image reference the Docker engine (or buildah's storage) holds. None when neither."""
+    path = Path(what)
+    record = path / "image.json" if path.is_dir() else None
+    if record is not None and record.is_file():
+        try:
+            data = json.loads(record.read_text())
+        except ValueError:
+            return None
+        return {"id": data.get("id"), "digest": data.get("digest"), "where": str(record)} if data.get("id") else None
+    if path.exists() or not (":" in what or "/" in what):
+        return None
+    import shutil
+    import subprocess
+
+    for probe in (["docker", "image", "inspect", "--format", "{{.Id}}", what],
+                  ["buildah", "inspect", "--type", "image", "--format", "{{.FromImageID}}", what]):
+        if shutil.which(probe[0]):
+            proc = subprocess.run(probe, capture_output=True, text=True)
+            if proc.returncode == 0 and proc.stdout.strip():
+                return {"id": "sha256:" + proc.stdout.strip().removeprefix("sha256:"), "digest": None,
+                        "where": probe[0]}
+    return None
+
+
+def identity_line(a: dict | None, b: dict | None) -> str | None:
+    """"bit-identical" when two images have one ID (the hash of a config that lists every layer's
+    hash), else how they differ; None when either side is no image."""
+    if not a or not b:
+        return None
+    if a["id"] == b["id"]:
+        return f"images: bit-identical (id {a['id']})"
+    return f"images: not bit-identical (id {a['id']} vs {b['id']})"
+
+
 def compare(a: dict[str, str], b: dict[str, str]) -> dict:
     added = {k: b[k] for k in sorted(set(b) - set(a))}
     removed = {k: a[k] for k in sorted(set(a) - set(b))}

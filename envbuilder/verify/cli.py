@@ -106,6 +106,9 @@ def report_outcome(args, opts: VerifyOptions, target: Target, outcome: Outcome, 
         "argv": outcome.argv, "exit_code": outcome.returncode, "wall_s": round(outcome.wall_s, 2),
         "timed_out": outcome.timed_out,
     }
+    record = image_record(target, args.runtime)
+    if record:
+        report["verify"]["image_record"] = record
     failed = rep.summary(report)[rep.FAIL] > 0 or report.get("ok") is False
     if args.report:
         write_atomic(args.report, rep.dumps(report))
@@ -118,8 +121,37 @@ def report_outcome(args, opts: VerifyOptions, target: Target, outcome: Outcome, 
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
     else:
         sys.stdout.write(rep.table(report) + "\n\n" + rep.headline(report, where) + "\n")
+        if record:
+            sys.stdout.write(record["line"] + "\n")
     sys.stdout.flush()
     return EXIT_CHECK_FAILED if failed else EXIT_OK
+
+
+def image_record(target: Target, runtime: str) -> dict | None:
+    """The build's record (<folder>/image.json: engine, image digest and ID) and, for the docker
+    runtime, whether the image verified is that build (same image ID)."""
+    if not target.folder or not (target.folder / "image.json").is_file():
+        return None
+    try:
+        data = json.loads((target.folder / "image.json").read_text())
+    except ValueError:
+        return None
+    record = {k: data.get(k) for k in ("engine", "tag", "digest", "id")}
+    line = f"image: built by {record['engine']}, id {record['id']}"
+    if record.get("digest"):
+        line = f"image: built by {record['engine']}, digest {record['digest']}, id {record['id']}"
+    if runtime == "docker" and target.image and record.get("id"):
+        import subprocess
+
+        proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", target.image],
+                              capture_output=True, text=True)
+        ran = proc.stdout.strip() if proc.returncode == 0 else None
+        record["ran_id"] = ran
+        record["same_image"] = ran == record["id"]
+        line += ("; the image verified is that build" if ran == record["id"] else
+                 f"; the image verified is {ran or 'unknown'}, not that build")
+    record["line"] = line
+    return record
 
 
 def main(argv=None) -> int:

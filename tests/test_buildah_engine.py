@@ -1,0 +1,337 @@
+"""The daemonless engine (envbuilder/engines/buildah.py) on the real buildah and podman.
+
+One lock of a CPU torch stack (torch 2.13.0+cpu from the wheelhouse, no Horovod: its compile
+would cost ~9 min here) is built twice without cache by `--check-reproducible`: the two image
+digests must be equal. That image is handed to Docker and verified with 2 ranks; the CA bundle
+and the wheels must not be in any layer. A non-root user made by the test builds it rootless with
+podman. Bad input (no engine, full storage, a base image nowhere) gives one message and exit 1.
+
+Every test uses its own container storage (CONTAINERS_STORAGE_CONF) and removes it at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, run_envbuilder
+from infra import base_image, docker_cli, require_binary, require_docker, wheelhouse
+
+CA_MARKER = "envbuilder-buildah-ca-marker-5d21e0"
+TAG = "localhost/envbuilder-buildah-test/cpu-torch:repro"
+ROOTLESS_USER = "ebbuildah"
+
+
+def cpu_torch_spec(folder: Path, name: str = "cpu-torch-buildah", base: str | None = None) -> Path:
+    """recipes/cpu-torch.yaml without Horovod (and optionally another base image)."""
+    text = (RECIPES / "cpu-torch.yaml").read_text()
+    text = re.sub(r"^horovod:.*\n", "", text, flags=re.M)
+    text = re.sub(r"^name: .*$", f"name: {name}", text, flags=re.M)
+    text = text.replace(" + Horovod (MPI, Gloo)", "")
+    if base:
+        text = re.sub(r"^base: .*$", f"base: {base}", text, flags=re.M)
+    path = folder / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def storage(folder: Path, driver: str = "overlay") -> dict:
+    """An environment whose buildah/podman keep images under FOLDER (removed by clean_storage)."""
+    conf = folder / "storage.conf"
+    conf.write_text(f'[storage]\ndriver = "{driver}"\ngraphroot = "{folder}/graph"\nrunroot = "{folder}/run"\n')
+    return {"CONTAINERS_STORAGE_CONF": str(conf)}
+
+
+def clean_storage(env: dict, engine: str = "buildah") -> None:
+    full = dict(os.environ, **env)
+    subprocess.run([engine, "rm", "--all"], env=full, capture_output=True)
+    subprocess.run([engine, "rmi", "--all", "--force"], env=full, capture_output=True)
+    root = Path(env["CONTAINERS_STORAGE_CONF"]).parent
+    subprocess.run(["umount", "-R", str(root / "graph" / "overlay")], capture_output=True)
+    shutil.rmtree(root / "graph", ignore_errors=True)
+
+
+def lock(spec: Path, out: Path) -> None:
+    r = run_envbuilder("lock", str(spec), "--out", str(out), "--wheelhouse", wheelhouse(), timeout=900)
+    assert r.code == 0, r.err[-2000:]
+    r = run_envbuilder("build", str(spec), "--out", str(out), "--no-build")
+    assert r.code == 0, r.err[-2000:]
+
+
+@pytest.fixture(scope="module")
+def ca_bundle(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("ca") / "ca.pem"
+    path.write_text(Path("/etc/ssl/certs/ca-certificates.crt").read_text() + f"\n# {CA_MARKER}\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def locked(tmp_path_factory):
+    """A locked output folder of the CPU torch stack (the lock needs the Docker engine)."""
+    require_docker()
+    base_image()
+    require_binary("buildah", "run .ci/install-system.sh")
+    root = tmp_path_factory.mktemp("buildah-lock")
+    spec = cpu_torch_spec(root)
+    out = root / "out"
+    lock(spec, out)
+    return spec, out
+
+
+@pytest.fixture(scope="module")
+def repro(tmp_path_factory, locked, ca_bundle):
+    """`build --engine buildah --check-reproducible`: two cold builds of one lock."""
+    spec, locked_out = locked
+    root = tmp_path_factory.mktemp("buildah-repro")
+    env = storage(root)
+    out = root / "out"
+    shutil.copytree(locked_out, out)
+    r = run_envbuilder("build", str(spec), "--out", str(out), "--engine", "buildah", "--tag", TAG,
+                       "--check-reproducible", "--export", "docker", "--export", "oci-archive",
+                       "--wheelhouse", wheelhouse(), "--ca-bundle", str(ca_bundle), env=env, timeout=2400)
+    yield out, r, env
+    subprocess.run([docker_cli(), "rmi", "-f", TAG], capture_output=True)
+    clean_storage(env)
+
+
+def test_two_cold_builds_of_one_lock_give_one_digest(repro):
+    out, r, _ = repro
+    assert r.code == 0, r.out[-2000:] + r.err[-3000:]
+    digests = re.findall(r"digest (sha256:[0-9a-f]{64})", r.out)
+    assert len(digests) == 2, r.out
+    assert digests[0] == digests[1]
+    assert "bit-identical" in r.out
+    record = json.loads((out / "image.json").read_text())
+    assert record["engine"] == "buildah" and record["digest"] == digests[0]
+    assert record["reproducible"]["identical"] is True
+    # every file time and the creation date are the lock's own date, not the wall clock
+    lock_date = json.loads((out / "envbuilder.lock").read_text())["resolved_at"]
+    assert record["created"].startswith(lock_date.rstrip("Z"))
+    # progress and the full log as with Docker
+    assert re.search(r"\[2/2 \d+/\d+\] RUN", r.err)
+    log = (out / "build.log").read_text()
+    assert "--timestamp" in log and "Successfully installed" in log
+
+
+def test_image_handed_to_docker_is_the_same_image(repro):
+    out, r, _ = repro
+    assert r.code == 0
+    record = json.loads((out / "image.json").read_text())
+    docker_id = subprocess.run([docker_cli(), "image", "inspect", "--format", "{{.Id}}", TAG],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    assert docker_id == record["id"]
+
+
+def test_oci_archive_is_what_apptainer_takes(repro):
+    out, r, _ = repro
+    assert r.code == 0
+    archive = out / "image.oci.tar"
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        assert {"oci-layout", "index.json"} <= names
+        index = json.load(tar.extractfile("index.json"))
+    assert index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"] == TAG.rsplit(":", 1)[1]
+    assert not list(out.glob("*.part"))
+
+
+def test_ca_bundle_and_wheelhouse_stay_out_of_the_layers(repro):
+    out, r, env = repro
+    assert r.code == 0
+    history = subprocess.run(["buildah", "inspect", "--type", "image", TAG], capture_output=True, text=True,
+                             env=dict(os.environ, **env), check=True).stdout
+    assert CA_MARKER not in history
+    # every byte of every layer (uncompressed, as Docker saves it), deleted files included
+    save = subprocess.Popen([docker_cli(), "save", TAG], stdout=subprocess.PIPE)
+    found = subprocess.run(["grep", "-a", "-c", CA_MARKER], stdin=save.stdout, capture_output=True, text=True)
+    save.wait()
+    assert save.returncode == 0
+    assert found.stdout.strip() == "0", "the CA bundle ended up in a layer"
+    probe = subprocess.run([docker_cli(), "run", "--rm", "--entrypoint", "sh", TAG, "-c",
+                            "ls -d /wheelhouse /run/secrets/ca /var/log/apt 2>&1; "
+                            "find / -xdev -name '*.whl' 2>/dev/null; true"], capture_output=True, text=True).stdout
+    assert "'/wheelhouse': No such file" in probe and "'/run/secrets/ca': No such file" in probe
+    assert "'/var/log/apt': No such file" in probe        # no build-time logs left in layers
+    assert ".whl" not in probe
+
+
+def test_verify_the_image_with_two_ranks_and_its_digest(repro, tmp_path):
+    out, r, _ = repro
+    assert r.code == 0
+    report = tmp_path / "report.json"
+    v = run_envbuilder("verify", str(out), "--runtime", "docker", "--image", TAG, "--ranks", "2",
+                       "--report", str(report), timeout=900)
+    assert v.code == 0, v.out[-3000:] + v.err[-2000:]
+    data = json.loads(report.read_text())
+    record = json.loads((out / "image.json").read_text())
+    assert data["verify"]["image_record"]["digest"] == record["digest"]
+    assert data["verify"]["image_record"]["same_image"] is True
+    assert f"digest {record['digest']}" in v.out and "the image verified is that build" in v.out
+
+
+def test_diff_of_two_builds_says_bit_identical(repro, tmp_path):
+    out, r, _ = repro
+    assert r.code == 0
+    other = tmp_path / "other"
+    shutil.copytree(out, other, ignore=shutil.ignore_patterns("*.tar"))
+    d = run_envbuilder("diff", str(out), TAG)        # the folder's record against the image in Docker
+    assert d.code == 0, d.err
+    assert "images: bit-identical" in d.out
+
+
+# --- rootless -----------------------------------------------------------------------------------
+
+def _rootless_user(home: Path) -> pwd.struct_passwd:
+    """A non-root user with 65536 subordinate uids and gids (Debian's uidmap reads them)."""
+    try:
+        user = pwd.getpwnam(ROOTLESS_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--home-dir", str(home), "--shell", "/bin/bash",
+                        ROOTLESS_USER], check=True)
+        user = pwd.getpwnam(ROOTLESS_USER)
+    for f in ("/etc/subuid", "/etc/subgid"):
+        if not re.search(rf"^{ROOTLESS_USER}:", Path(f).read_text() if Path(f).exists() else "", re.M):
+            with open(f, "a") as fh:
+                fh.write(f"{ROOTLESS_USER}:400000:65536\n")
+    return user
+
+
+def test_rootless_podman_build_as_a_non_root_user(locked, tmp_path):
+    """What a login node has: no daemon, no root; the base image comes as an OCI archive."""
+    require_binary("podman", "run .ci/install-system.sh")
+    require_binary("newuidmap", "run .ci/install-system.sh (uidmap)")
+    spec, locked_out = locked
+    home = Path("/home") / ROOTLESS_USER
+    user = _rootless_user(home)
+    work = home / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    shutil.copytree(locked_out, work / "out")
+    shutil.copy(spec, work / spec.name)
+    wheels = work / "wheels"
+    wheels.mkdir()
+    for w in Path(wheelhouse()).glob("torch-*.whl"):
+        shutil.copy(w, wheels / w.name)
+    base = work / "base.oci.tar"
+    root_env = storage(tmp_path)
+    full = dict(os.environ, **root_env)
+    try:
+        subprocess.run(["buildah", "pull", "-q", f"docker-daemon:{base_image()}"], env=full, check=True,
+                       capture_output=True)
+        subprocess.run(["buildah", "push", "-q", base_image(), f"oci-archive:{base}:bookworm"], env=full,
+                       check=True, capture_output=True)
+    finally:
+        clean_storage(root_env)
+    subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(work)], check=True)
+    repo = Path(__file__).resolve().parent.parent
+    python = Path(os.environ.get("VIRTUAL_ENV", "")) / "bin" / "python"
+    python = str(python) if python.is_file() else "python3"
+    script = (
+        "set -e; cd ~/work; "
+        f"podman pull -q oci-archive:{base} >/dev/null; "
+        f"podman tag $(podman images -q | head -1) {base_image()}; "
+        f"PYTHONPATH={repo} {python} -m envbuilder build {spec.name} --out out --engine podman "
+        f"--tag localhost/rootless/cpu-torch:1 --wheelhouse wheels --export docker-archive"
+    )
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(home), "USER": ROOTLESS_USER,
+           "XDG_RUNTIME_DIR": f"/tmp/{ROOTLESS_USER}-run"}
+    Path(env["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, exist_ok=True)
+    os.chown(env["XDG_RUNTIME_DIR"], user.pw_uid, user.pw_gid)
+    try:
+        proc = subprocess.run(["runuser", "-u", ROOTLESS_USER, "--", "env", "-i",
+                               *[f"{k}={v}" for k, v in env.items()], "bash", "-c", script],
+                              capture_output=True, text=True, timeout=2400)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        record = json.loads((work / "out" / "image.json").read_text())
+        assert record["engine"] == "podman" and record["digest"].startswith("sha256:")
+        assert "built localhost/rootless/cpu-torch:1 with podman" in proc.stdout
+        archive = work / "out" / "image.docker.tar"
+        with tarfile.open(archive) as tar:
+            assert "manifest.json" in tar.getnames()
+        # the layers' files belong to root inside the image, not to the user who built it
+        listing = subprocess.run(["runuser", "-u", ROOTLESS_USER, "--", "env", "-i",
+                                  *[f"{k}={v}" for k, v in env.items()], "podman", "run", "--rm",
+                                  "localhost/rootless/cpu-torch:1", "stat", "-c", "%u", "/opt/venv/bin/python3"],
+                                 capture_output=True, text=True)
+        assert listing.stdout.strip() == "0", listing.stderr
+    finally:
+        subprocess.run(["runuser", "-u", ROOTLESS_USER, "--", "env", "-i",
+                        *[f"{k}={v}" for k, v in env.items()], "podman", "system", "reset", "--force"],
+                       capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+def _earlier_outputs(out: Path) -> dict[str, str]:
+    (out / "image.json").write_text('{"engine": "earlier"}\n')
+    (out / "build.log").write_text("an earlier build's log\n")
+    return {n: (out / n).read_text() for n in ("image.json", "build.log", "envbuilder.lock", "Dockerfile")}
+
+
+def _one_message(r, *needles: str) -> None:
+    assert r.code == 1, r.out + r.err
+    assert "Traceback" not in r.err
+    errors = [l for l in r.err.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1, r.err
+    for needle in needles:
+        assert needle in r.err, r.err
+
+
+def test_engine_missing(locked, tmp_path):
+    spec, locked_out = locked
+    out = tmp_path / "out"
+    shutil.copytree(locked_out, out)
+    before = _earlier_outputs(out)
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    r = run_envbuilder("build", str(spec), "--out", str(out), "--engine", "podman", env={"PATH": str(empty)})
+    _one_message(r, "podman engine", "podman is not installed", "apt-get install podman")
+    assert {n: (out / n).read_text() for n in before} == before
+
+
+def test_storage_full(locked, tmp_path):
+    spec, locked_out = locked
+    out = tmp_path / "out"
+    shutil.copytree(locked_out, out)
+    before = _earlier_outputs(out)
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)], check=True)
+    try:
+        env = storage(small, driver="vfs")
+        r = run_envbuilder("build", str(spec), "--out", str(out), "--engine", "buildah", env=env)
+        _one_message(r, "buildah storage", f"GB free under {small}/graph", "CONTAINERS_STORAGE_CONF")
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    assert {n: (out / n).read_text() for n in before} == before
+
+
+def test_base_image_in_no_store(tmp_path):
+    """A spec locked against a local image that is gone since: not in buildah's storage, not in
+    Docker, and no registry holds it."""
+    require_docker()
+    base = base_image()
+    gone = "local/envbuilder-buildah-gone:1"
+    subprocess.run([docker_cli(), "tag", base, gone], check=True)
+    try:
+        spec = cpu_torch_spec(tmp_path, "gone-base", base=gone)
+        out = tmp_path / "out"
+        lock(spec, out)
+    finally:
+        subprocess.run([docker_cli(), "rmi", gone], capture_output=True)
+    before = _earlier_outputs(out)
+    env = storage(tmp_path)
+    try:
+        r = run_envbuilder("build", str(spec), "--out", str(out), "--engine", "buildah", env=env, timeout=600)
+        _one_message(r, "base:", f"the base image {gone} is in none of", "buildah storage", "docker-daemon")
+    finally:
+        clean_storage(env)
+    assert {n: (out / n).read_text() for n in before} == before

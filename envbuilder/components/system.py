@@ -55,7 +55,9 @@ def _locked_install(stage: str) -> tuple[list[str], str]:
         "apt-get update",
         f"xargs -a /{pins} env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends",
         *APT_CLEAN,
-        "rm -rf /var/log/apt /var/log/dpkg.log /var/cache/ldconfig/aux-cache",
+        # logs and caches that carry the build's wall-clock time: gone, so two builds of one lock
+        # give the same bytes (update-alternatives logs the time of every link it sets)
+        "rm -rf /var/log/apt /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache",
     ], pins
 
 

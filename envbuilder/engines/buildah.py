@@ -50,6 +50,7 @@ class BuildOptions:
     engine: str = "buildah"                  # "buildah" or "podman"
     tag: str | None = None
     ca_bundle: str | None = None
+    netrc: str | None = None                 # a private index's login, a build secret like the CA
     wheelhouse: str | None = None
     exports: tuple[str, ...] = ()            # any of EXPORTS
     check_reproducible: bool = False
@@ -59,6 +60,7 @@ class BuildOptions:
     def from_args(cls, args) -> "BuildOptions":
         return cls(engine=args.engine, tag=args.tag,
                    ca_bundle=args.ca_bundle or os.environ.get("ENVBUILDER_CA_BUNDLE"),
+                   netrc=getattr(args, "netrc", None) or os.environ.get("ENVBUILDER_NETRC"),
                    wheelhouse=args.wheelhouse or os.environ.get("ENVBUILDER_WHEELHOUSE"),
                    exports=tuple(getattr(args, "export", None) or ()),
                    check_reproducible=bool(getattr(args, "check_reproducible", False)),
@@ -83,12 +85,15 @@ class OciEngine:
                               or f"exit {proc.returncode}", f"run `{self.name} {' '.join(args)}` to see more")
         return proc
 
-    def build_command(self, context: Path, tag: str, ca_bundle: str | None, epoch: int) -> list[str]:
+    def build_command(self, context: Path, tag: str, ca_bundle: str | None, epoch: int,
+                      netrc: str | None = None) -> list[str]:
         verb = ["bud"] if self.name == "buildah" else ["build"]
         cmd = [self.binary, *verb, "--format", "docker",       # keeps SHELL, as Docker's images do
                "--layers=false", "--no-cache", "--pull=false", "--timestamp", str(epoch), "--tag", tag]
         if ca_bundle:
             cmd += ["--secret", f"id=ca,src={Path(ca_bundle).resolve()}"]
+        if netrc:
+            cmd += ["--secret", f"id=netrc,src={Path(netrc).resolve()}"]
         return cmd + [str(context)]
 
     def graph_root(self) -> Path:
@@ -227,7 +232,7 @@ def _run_build(cmd: list[str], log, quiet: bool, env: dict) -> tuple[int, list[s
 def _build_once(engine: OciEngine, context: Path, tag: str, opts: BuildOptions, epoch: int,
                 log, stack) -> dict:
     env = dict(os.environ)
-    cmd = engine.build_command(context, tag, opts.ca_bundle, epoch)
+    cmd = engine.build_command(context, tag, opts.ca_bundle, epoch, opts.netrc)
     started = time.monotonic()
     code, lines = _run_build(cmd, log, opts.quiet, env)
     seconds = time.monotonic() - started
@@ -249,6 +254,9 @@ def _build_once(engine: OciEngine, context: Path, tag: str, opts: BuildOptions, 
 def build(folder: Path, output, opts: BuildOptions) -> dict:
     stack = output.stack
     check_inputs(opts.ca_bundle, opts.wheelhouse)
+    if opts.netrc and not Path(opts.netrc).is_file():
+        raise EnvbuilderError("--netrc", f"no such file: {opts.netrc}",
+                              "give a netrc file: machine HOST login USER password TOKEN")
     for kind in opts.exports:
         if kind not in EXPORTS:
             raise EnvbuilderError("--export", f"unknown target {kind!r}", f"one of {', '.join(EXPORTS)}")

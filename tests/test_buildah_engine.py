@@ -37,7 +37,7 @@ def cpu_torch_spec(folder: Path, name: str = "cpu-torch-buildah", base: str | No
     text = re.sub(r"^name: .*$", f"name: {name}", text, flags=re.M)
     text = text.replace(" + Horovod (MPI, Gloo)", "")
     if base:
-        text = re.sub(r"^base: .*$", f"base: {base}", text, flags=re.M)
+        text = re.sub(r"^base: .*$", f"base: {base}\nbase_os: debian-bookworm", text, flags=re.M)
     path = folder / f"{name}.yaml"
     path.write_text(text)
     return path
@@ -223,21 +223,21 @@ def test_rootless_podman_build_as_a_non_root_user(locked, tmp_path):
     root_env = storage(tmp_path)
     full = dict(os.environ, **root_env)
     try:
-        subprocess.run(["buildah", "pull", "-q", f"docker-daemon:{base_image()}"], env=full, check=True,
-                       capture_output=True)
-        subprocess.run(["buildah", "push", "-q", base_image(), f"oci-archive:{base}:bookworm"], env=full,
+        pulled = subprocess.run(["buildah", "pull", "-q", f"docker-daemon:{base_image()}"], env=full, check=True,
+                                capture_output=True, text=True).stdout.split()[-1]
+        subprocess.run(["buildah", "push", "-q", pulled, f"oci-archive:{base}:bookworm"], env=full,
                        check=True, capture_output=True)
     finally:
         clean_storage(root_env)
     subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(work)], check=True)
     repo = Path(__file__).resolve().parent.parent
-    python = Path(os.environ.get("VIRTUAL_ENV", "")) / "bin" / "python"
-    python = str(python) if python.is_file() else "python3"
+    # the user's own Python environment, as on a login node (the test's venv lives under /root)
     script = (
         "set -e; cd ~/work; "
+        "/usr/bin/python3 -m venv venv && venv/bin/pip install -q PyYAML docker packaging spython; "
         f"podman pull -q oci-archive:{base} >/dev/null; "
         f"podman tag $(podman images -q | head -1) {base_image()}; "
-        f"PYTHONPATH={repo} {python} -m envbuilder build {spec.name} --out out --engine podman "
+        f"PYTHONPATH={repo} venv/bin/python -m envbuilder build {spec.name} --out out --engine podman "
         f"--tag localhost/rootless/cpu-torch:1 --wheelhouse wheels --export docker-archive"
     )
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(home), "USER": ROOTLESS_USER,

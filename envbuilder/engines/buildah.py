@@ -88,7 +88,10 @@ class OciEngine:
     def build_command(self, context: Path, tag: str, ca_bundle: str | None, epoch: int,
                       netrc: str | None = None) -> list[str]:
         verb = ["bud"] if self.name == "buildah" else ["build"]
-        cmd = [self.binary, *verb, "--format", "docker",       # keeps SHELL, as Docker's images do
+        # OCI format: the docker format's config names the build container (`container`,
+        # `container_config.Hostname`), a random ID that would change the digest of every build.
+        # RUN steps still use the Dockerfile's SHELL; only the image config does not keep it.
+        cmd = [self.binary, *verb, "--format", "oci",
                "--layers=false", "--no-cache", "--pull=false", "--timestamp", str(epoch), "--tag", tag]
         if ca_bundle:
             cmd += ["--secret", f"id=ca,src={Path(ca_bundle).resolve()}"]
@@ -123,7 +126,7 @@ class OciEngine:
                              if self.name == "podman" else self.run("images", "--json", ref).stdout)
         size = listing[0].get("size") if listing else None
         return {"id": "sha256:" + image_id.removeprefix("sha256:"), "digest": digest,
-                "layers": list((config.get("rootfs") or {}).get("diff_ids") or []),
+                "layers": list((config.get("rootfs") or {}).get("diff_ids") or []), "config": config,
                 "created": config.get("created"), "size_bytes": _bytes(size)}
 
     def remove(self, ref: str) -> None:
@@ -357,7 +360,10 @@ def compare_builds(engine: OciEngine, tag_a: str, tag_b: str, a: dict, b: dict) 
         if len(a["layers"]) != len(b["layers"]):
             out["explanation"] = f"different layer counts ({len(a['layers'])} and {len(b['layers'])})"
         else:
-            out["explanation"] = "same layers, different image config (labels, dates or history)"
+            ca, cb = a.get("config") or {}, b.get("config") or {}
+            keys = sorted(k for k in set(ca) | set(cb) if ca.get(k) != cb.get(k))
+            out["config_differs"] = keys
+            out["explanation"] = ("same layers, different image config: " + (", ".join(keys) or "its encoding"))
         return out
     files = layer_file_diff(engine, tag_a, tag_b, index)
     out["first_different_layer"] = {"index": index, "a": a["layers"][index], "b": b["layers"][index]}

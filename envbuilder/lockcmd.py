@@ -178,7 +178,7 @@ def cmd_diff(args) -> int:
     ident_a, ident_b = image_identity(args.a), image_identity(args.b)
     line = identity_line(ident_a, ident_b)
     if line:
-        result["images"] = {"a": ident_a, "b": ident_b, "bit_identical": ident_a["id"] == ident_b["id"]}
+        result["images"] = {"a": ident_a, "b": ident_b, "bit_identical": bool(set(ident_a["ids"]) & set(ident_b["ids"]))}
     if args.json:
         print(json.dumps({"a": {"what": args.a, "kind": kind_a}, "b": {"what": args.b, "kind": kind_b},
                           **result}, indent=2))

@@ -298,6 +298,11 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
         info["reproducible"] = compare_builds(engine, tag, tag + "-repro", first, second)
         engine.remove(tag + "-repro")
     info["exports"] = {kind: export_image(engine.name, tag, kind, folder) for kind in opts.exports}
+    if "docker" in opts.exports:
+        # Docker stores the image in its own format: the config is converted (same layers, so
+        # the same for every build of the lock), hence Docker's ID for this build
+        proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True)
+        info["docker_id"] = proc.stdout.strip() or None
     (folder / "image.json").write_text(json.dumps(info, indent=2) + "\n")
     if not opts.quiet:
         size = f"{info['size_bytes'] / 1e6:.0f} MB, " if info["size_bytes"] else ""

@@ -89,7 +89,8 @@ def image_identity(what: str) -> dict | None:
             data = json.loads(record.read_text())
         except ValueError:
             return None
-        return {"id": data.get("id"), "digest": data.get("digest"), "where": str(record)} if data.get("id") else None
+        ids = [i for i in (data.get("id"), data.get("docker_id")) if i]
+        return {"id": data.get("id"), "ids": ids, "digest": data.get("digest"), "where": str(record)} if ids else None
     if path.exists() or not (":" in what or "/" in what):
         return None
     import shutil
@@ -100,8 +101,8 @@ def image_identity(what: str) -> dict | None:
         if shutil.which(probe[0]):
             proc = subprocess.run(probe, capture_output=True, text=True)
             if proc.returncode == 0 and proc.stdout.strip():
-                return {"id": "sha256:" + proc.stdout.strip().removeprefix("sha256:"), "digest": None,
-                        "where": probe[0]}
+                image_id = "sha256:" + proc.stdout.strip().removeprefix("sha256:")
+                return {"id": image_id, "ids": [image_id], "digest": None, "where": probe[0]}
     return None
 
 
@@ -110,8 +111,9 @@ def identity_line(a: dict | None, b: dict | None) -> str | None:
     hash), else how they differ; None when either side is no image."""
     if not a or not b:
         return None
-    if a["id"] == b["id"]:
-        return f"images: bit-identical (id {a['id']})"
+    same = set(a["ids"]) & set(b["ids"])       # an output folder's record also knows Docker's ID of its image
+    if same:
+        return f"images: bit-identical (id {sorted(same)[0]})"
     return f"images: not bit-identical (id {a['id']} vs {b['id']})"
 
 

@@ -136,7 +136,7 @@ def image_record(target: Target, runtime: str) -> dict | None:
         data = json.loads((target.folder / "image.json").read_text())
     except ValueError:
         return None
-    record = {k: data.get(k) for k in ("engine", "tag", "digest", "id")}
+    record = {k: data.get(k) for k in ("engine", "tag", "digest", "id", "docker_id")}
     line = f"image: built by {record['engine']}, id {record['id']}"
     if record.get("digest"):
         line = f"image: built by {record['engine']}, digest {record['digest']}, id {record['id']}"
@@ -147,8 +147,9 @@ def image_record(target: Target, runtime: str) -> dict | None:
                               capture_output=True, text=True)
         ran = proc.stdout.strip() if proc.returncode == 0 else None
         record["ran_id"] = ran
-        record["same_image"] = ran == record["id"]
-        line += ("; the image verified is that build" if ran == record["id"] else
+        built = {record["id"], record.get("docker_id")}       # Docker's ID of a buildah image: docker_id
+        record["same_image"] = ran in built
+        line += ("; the image verified is that build" if ran in built else
                  f"; the image verified is {ran or 'unknown'}, not that build")
     record["line"] = line
     return record

@@ -93,6 +93,10 @@ class OciEngine:
         # RUN steps still use the Dockerfile's SHELL; only the image config does not keep it.
         cmd = [self.binary, *verb, "--format", "oci",
                "--layers=false", "--no-cache", "--pull=false", "--timestamp", str(epoch), "--tag", tag]
+        if os.geteuid() != 0:
+            # rootless: RUN steps share the user's network; slirp4netns needs /dev/net/tun, which
+            # many machines (this one included) keep root-only
+            cmd += ["--network", "host"]
         if ca_bundle:
             cmd += ["--secret", f"id=ca,src={Path(ca_bundle).resolve()}"]
         if netrc:

@@ -141,7 +141,10 @@ def test_oci_archive_is_what_apptainer_takes(repro):
         names = set(tar.getnames())
         assert {"oci-layout", "index.json"} <= names
         index = json.load(tar.extractfile("index.json"))
-    assert index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"] == TAG.rsplit(":", 1)[1]
+    assert index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"] == TAG
+    # the archive holds the image's own config: the same ID as in buildah's storage
+    record = json.loads((out / "image.json").read_text())
+    assert f"blobs/sha256/{record['id'].split(':')[1]}" in names
     assert not list(out.glob("*.part"))
 
 

@@ -226,6 +226,7 @@ def test_rootless_podman_build_as_a_non_root_user(locked, tmp_path):
     for w in Path(wheelhouse()).glob("torch-*.whl"):
         shutil.copy(w, wheels / w.name)
     base = work / "base.docker.tar"
+    shutil.copy("/etc/ssl/certs/ca-certificates.crt", work / "ca.pem")     # pip trusts this network's CA
     root_env = storage(tmp_path)
     full = dict(os.environ, **root_env)
     try:
@@ -245,7 +246,7 @@ def test_rootless_podman_build_as_a_non_root_user(locked, tmp_path):
         f"podman pull -q docker-archive:{base} >/dev/null; "
         f"podman tag $(podman images -q | head -1) {base_image()}; "
         f"PYTHONPATH={repo} venv/bin/python -m envbuilder build {spec.name} --out out --engine podman "
-        f"--tag localhost/rootless/cpu-torch:1 --wheelhouse wheels --export docker-archive"
+        f"--tag localhost/rootless/cpu-torch:1 --wheelhouse wheels --ca-bundle ca.pem --export docker-archive"
     )
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(home), "USER": ROOTLESS_USER,
            "XDG_RUNTIME_DIR": f"/tmp/{ROOTLESS_USER}-run"}

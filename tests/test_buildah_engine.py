@@ -265,7 +265,7 @@ def test_rootless_podman_build_as_a_non_root_user(locked, tmp_path):
             assert "manifest.json" in tar.getnames()
         # the layers' files belong to root inside the image, not to the user who built it
         listing = subprocess.run(["runuser", "-u", ROOTLESS_USER, "--", "env", "-i",
-                                  *[f"{k}={v}" for k, v in env.items()], "podman", "run", "--rm",
+                                  *[f"{k}={v}" for k, v in env.items()], "podman", "run", "--rm", "--network", "none",
                                   "localhost/rootless/cpu-torch:1", "stat", "-c", "%u", "/opt/venv/bin/python3"],
                                  capture_output=True, text=True)
         assert listing.stdout.strip() == "0", listing.stderr

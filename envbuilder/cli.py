@@ -43,7 +43,13 @@ def cmd_check(args) -> int:
     from .resolve import resolve
     from .spec import load_spec
 
-    stack = resolve(load_spec(args.spec))
+    spec = load_spec(args.spec)
+    if args.site:
+        from .slurm.options import apply_job_options
+
+        # the site's arch, GPU and driver take part in the rules
+        spec = apply_job_options(spec, site=args.site)
+    stack = resolve(spec)
     if args.json:
         _print_json({"ok": True, "spec": args.spec, "findings": [f.as_dict() for f in stack.findings]})
     else:
@@ -221,7 +227,12 @@ from .lockcmd import cmd_diff, cmd_lock, diff_args, lock_args  # noqa: E402
 command("lock", "resolve every pin and hash of a spec into envbuilder.lock (--update NAME: one entry)")(cmd_lock)
 command("diff", "compare two locks or manifests (files, output folders, images): added, removed, changed")(cmd_diff)
 
-ARGS = {"check": _add_spec_arg, "build": _build_args, "lock": lock_args, "diff": diff_args, "presets": lambda p: p.add_argument(
+def _check_args(p):
+    _add_spec_arg(p)
+    p.add_argument("--site", metavar="NAME|FILE", help="site profile (its arch, gpu, driver are checked too)")
+
+
+ARGS = {"check": _check_args, "build": _build_args, "lock": lock_args, "diff": diff_args, "presets": lambda p: p.add_argument(
     "--json", action="store_true", help="machine-readable output"), "schema": lambda p: None,
         "verify": _verify_args, "sif": _sif_args}
 

@@ -42,6 +42,8 @@ def _distance(a: Spec, b: Spec) -> tuple:
         (a.cuda is None) != (b.cuda is None),
         a.framework.name != b.framework.name,
         (a.horovod is None) != (b.horovod is None),
+        a.distributed.kind != b.distributed.kind,
+        a.target_arch != b.target_arch,
         version_gap,
     )
 

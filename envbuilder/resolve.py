@@ -58,6 +58,10 @@ class Stack:
             return fw.index_url
         if fw.name == "pytorch" and self.spec.cuda and not self.spec.cuda.from_pypi:
             return "https://download.pytorch.org/whl/cu" + minor(self.spec.cuda.version).replace(".", "")
+        if fw.name == "pytorch" and self.spec.target_arch == "aarch64" and "+cpu" not in fw.version:
+            # PyPI's aarch64 torch is a CUDA build since 2.14 (torch_pypi_2611): CPU nodes take
+            # the CPU index's
+            return "https://download.pytorch.org/whl/cpu"
         return None
 
     @property

@@ -72,6 +72,13 @@ FRAMEWORKS = ("tensorflow", "tensorflow-cpu", "intel-tensorflow", "pytorch")
 HOROVOD_OPS = ("nccl", "mpi", "gloo")
 RUNTIMES = ("apptainer", "singularity", "charliecloud", "pyxis", "host")
 MONITORS = ("tensorboard", "timeline")
+DISTRIBUTED = ("horovod", "torch", "tf-multiworker", "none")
+TORCH_BACKENDS = ("nccl", "gloo", "mpi")
+TORCH_LAUNCHERS = ("srun", "torchrun")
+ARCHES = ("x86_64", "aarch64")
+# a GPU model envbuilder knows (compat/catalog.yaml `gpus`) or a compute capability "9.0"
+GPU_RE = re.compile(r"[a-z][a-z0-9-]{1,15}|[0-9]{1,2}\.[0-9]")
+DRIVER_RE = re.compile(r"[0-9]{3}(?:\.[0-9]{1,3}){1,2}")
 PMI_RE = re.compile(r"pmix(?:_v[0-9]{1,2})?|pmi2|cray_shasta|none")
 SWEEP_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=[^,]+(?:,[^,]+)*")
 # env names that hold secrets: their values would be readable by anyone who has the image or
@@ -116,6 +123,19 @@ SPEC_FIELDS: dict[str, Field] = {
                             items=Field("string", "operation", enum=HOROVOD_OPS),
                             default=["mpi", "gloo"]),
     }),
+    "distributed": obj("How the ranks talk (default: horovod when a horovod section is given, "
+                       "else none).", {
+        "kind": s("horovod (the horovod section), torch (torch.distributed: DDP/FSDP), "
+                  "tf-multiworker (tf.distribute.MultiWorkerMirroredStrategy) or none.",
+                  required=True, enum=DISTRIBUTED),
+        "backend": s("torch: process-group backend (default nccl on GPU stacks, gloo on CPU).",
+                     enum=TORCH_BACKENDS),
+        "launcher": s("torch: srun (one task per GPU, RANK/LOCAL_RANK/WORLD_SIZE set in the step) "
+                      "or torchrun (one task per node, c10d rendezvous on the first node).",
+                      enum=TORCH_LAUNCHERS),
+    }, example={"kind": "torch", "backend": "nccl", "launcher": "srun"}),
+    "arch": s("CPU architecture of the image (default x86_64; a site profile's arch must agree).",
+              enum=ARCHES),
     "packages": obj("Extra packages.", {
         "pip": strlist("pip requirements, each pinned: name==version.", default=[]),
         "apt": strlist("OS packages (name or name=version).", default=[]),
@@ -148,6 +168,12 @@ SPEC_FIELDS: dict[str, Field] = {
         "binds": strlist("Host paths made visible in the container (SRC or SRC:DST[:ro]).", default=[]),
         "network_interface": s("Interface NCCL/Gloo bootstrap on (ib0, hsn0...).", pattern=IFACE_RE,
                                pattern_hint="interface names (ib0, hsn0, ^docker,lo)"),
+        "arch": s("The nodes' CPU architecture (site profiles: x86_64 or aarch64).", enum=ARCHES),
+        "gpu": s("The nodes' GPU: a model (h100, gh200, a100, v100, b200, l40s...) or a compute "
+                 "capability such as \"9.0\".", pattern=GPU_RE,
+                 pattern_hint="a GPU model in lower case (h100) or a compute capability (\"9.0\")"),
+        "driver": s("The nodes' NVIDIA driver version, e.g. \"580.65.06\" (checked against the CUDA "
+                    "the image needs).", pattern=DRIVER_RE, pattern_hint="a driver version like 580.65.06"),
         "runtime": s("How the job runs the image.", enum=RUNTIMES, default="apptainer"),
         "image_path": s("Path of the .sif on the cluster (default: <name>.sif beside the job script)."),
         "command": s("What each rank runs (default: the smoke suite). Raw shell by design: it is "

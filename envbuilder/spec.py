@@ -67,6 +67,18 @@ class Horovod:
 
 
 @dataclass(frozen=True)
+class Distributed:
+    """How the ranks talk: horovod | torch | tf-multiworker | none (+ torch's options)."""
+    kind: str = "none"
+    backend: str | None = None      # torch: nccl | gloo | mpi
+    launcher: str | None = None     # torch: srun | torchrun
+
+    @property
+    def torch(self) -> bool:
+        return self.kind == "torch"
+
+
+@dataclass(frozen=True)
 class Packages:
     pip: tuple[str, ...] = ()
     apt: tuple[str, ...] = ()
@@ -96,10 +108,14 @@ class Cluster:
     local_scratch: str | None = None
     sweep: tuple[str, ...] = ()
     monitor: tuple[str, ...] = ()
+    arch: str | None = None
+    gpu: str | None = None
+    driver: str | None = None
 
     # keys added after the first release: left out of the spec hash while unset, so that
     # existing specs keep their hash (and their image tags)
-    LATER_KEYS = ("pmi", "venv", "modules", "env", "stage", "local_scratch", "sweep", "monitor")
+    LATER_KEYS = ("pmi", "venv", "modules", "env", "stage", "local_scratch", "sweep", "monitor",
+                  "arch", "gpu", "driver")
 
     def canonical(self) -> dict:
         out = {}
@@ -119,6 +135,8 @@ class Spec:
     cuda: Cuda | None = None
     mpi: Mpi | None = None
     horovod: Horovod | None = None
+    distributed: Distributed = field(default_factory=Distributed)
+    arch: str | None = None
     packages: Packages = field(default_factory=Packages)
     base: str | None = None
     runtime_base: str | None = None
@@ -132,6 +150,18 @@ class Spec:
     @property
     def gpu(self) -> bool:
         return self.cuda is not None
+
+    @property
+    def target_arch(self) -> str:
+        """The image's CPU architecture: the spec's, else the site's (cluster.arch), else x86_64."""
+        return self.arch or self.cluster.arch or "x86_64"
+
+    @property
+    def torch_backend(self) -> str | None:
+        """torch.distributed's backend (nccl on GPU stacks, gloo on CPU unless the spec says)."""
+        if not self.distributed.torch:
+            return None
+        return self.distributed.backend or ("nccl" if self.cuda else "gloo")
 
     def line_of(self, dotted: str) -> int | None:
         return self.doc.line_of(dotted) if self.doc else None
@@ -152,6 +182,7 @@ class Spec:
             "horovod": {"version": self.horovod.version, "operations": list(self.horovod.operations)}
             if self.horovod else None,
             "packages": {k: list(getattr(self.packages, k)) for k in ("pip", "apt", "conda")},
+            **self._later_keys(),
             "base": self.base,
             "runtime_base": self.runtime_base,
             "base_os": self.base_os,
@@ -159,6 +190,17 @@ class Spec:
             "env": dict(self.env),
             "cluster": self.cluster.canonical(),
         }
+        return out
+
+    def _later_keys(self) -> dict:
+        """distributed and arch: in the canonical form only when the spec says more than the
+        defaults, so that existing specs keep their hash (and their image tags)."""
+        out = {}
+        d = self.distributed
+        if d != Distributed(kind="horovod" if self.horovod else "none"):
+            out["distributed"] = _drop_none(vars(d))
+        if self.arch:
+            out["arch"] = self.arch
         return out
 
     def sha256(self) -> str:
@@ -222,6 +264,7 @@ def spec_from_doc(doc: SourceDoc) -> Spec:
     cl = data.get("cluster") or {}
     pk = data.get("packages") or {}
     hv = data.get("horovod")
+    dist = data.get("distributed") or {}
     return Spec(
         name=data["name"],
         description=data.get("description"),
@@ -230,6 +273,8 @@ def spec_from_doc(doc: SourceDoc) -> Spec:
         cuda=Cuda(**data["cuda"]) if data.get("cuda") else None,
         mpi=Mpi(**data["mpi"]) if data.get("mpi") else None,
         horovod=Horovod(hv["version"], tuple(hv.get("operations") or ("mpi", "gloo"))) if hv else None,
+        distributed=_distributed(dist, bool(hv)),
+        arch=data.get("arch"),
         packages=Packages(tuple(pk.get("pip") or ()), tuple(pk.get("apt") or ()), tuple(pk.get("conda") or ())),
         base=data.get("base"),
         runtime_base=data.get("runtime_base"),
@@ -239,6 +284,13 @@ def spec_from_doc(doc: SourceDoc) -> Spec:
         cluster=cluster_from_data(cl),
         doc=doc,
     )
+
+
+def _distributed(dist: dict, has_horovod: bool) -> Distributed:
+    kind = dist.get("kind") or ("horovod" if has_horovod else "none")
+    # backend/launcher are torch's options; given with another kind they are refused (DIST_OPTION)
+    launcher = dist.get("launcher") or ("srun" if kind == "torch" else None)
+    return Distributed(kind, dist.get("backend"), launcher)
 
 
 def cluster_from_data(cl: dict | None) -> Cluster:

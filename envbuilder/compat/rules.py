@@ -165,8 +165,10 @@ def cuda_stack(spec: Spec, ctx: Context):
     if cu and spec.cuda.driver:
         drv = spec.cuda.driver
         if cmp(drv, cu["min_driver"]) < 0:
-            if cmp(drv, cu["compat_driver"]) >= 0 and major(spec.cuda.version) in (11, 12) and \
-                    (major(spec.cuda.version) == 11 and cmp(drv, "525") < 0 or major(spec.cuda.version) == 12):
+            # minor-version compatibility: any driver >= the major's floor runs its minors
+            # (CUDA 13.x: >= 580.65.06, cuda13_driver)
+            if cmp(drv, cu["compat_driver"]) >= 0 and major(spec.cuda.version) >= 11 and \
+                    (major(spec.cuda.version) == 11 and cmp(drv, "525") < 0 or major(spec.cuda.version) >= 12):
                 yield Finding("DRIVER_MINOR_COMPAT", WARN, "cuda.driver",
                               f"driver {drv} is older than CUDA {spec.cuda.version}'s minimum "
                               f"{cu['min_driver']}; it runs through minor-version compatibility "
@@ -440,3 +442,7 @@ def cuda_from_pypi(spec: Spec, ctx: Context):
         yield Finding("PYPI_CUDA_BASE", ERROR, "base",
                       f"{ctx.base} already holds CUDA; source: pypi installs it from NVIDIA's wheels",
                       "use a plain OS base (e.g. local/debian:bookworm, ubuntu:24.04) or cuda.source: image", [])
+
+
+# rules kept in their own modules register themselves on import
+from . import rules_distributed, rules_gpu  # noqa: E402,F401

@@ -22,6 +22,17 @@ def requirements(stack: Stack) -> list[str]:
     return reqs
 
 
+def cuda_cc_list(stack: Stack) -> str | None:
+    """'50,60,70,...' from the catalog's arch list of the PyTorch CUDA wheels (None: unknown)."""
+    if stack.spec.framework.family != "pytorch" or not stack.spec.cuda:
+        return None
+    from ..compat.rules import context_for
+    from ..compat.rules_gpu import arch_list
+
+    found = arch_list(stack.spec, context_for(stack.spec, stack.catalog))
+    return ",".join(a.replace(".", "") for a in found[0]) if found else None
+
+
 def build_flags(stack: Stack) -> dict[str, str]:
     hv, fw = stack.spec.horovod, stack.spec.framework
     flags = {
@@ -38,6 +49,11 @@ def build_flags(stack: Stack) -> dict[str, str]:
             from . import cuda
 
             flags.update(cuda.horovod_flags(stack))
+        archs = cuda_cc_list(stack)
+        if archs and "HOROVOD_BUILD_CUDA_CC_LIST" not in flags:
+            # Horovod's CUDA kernels for the arches the framework itself carries (by default it
+            # builds every arch `nvcc --help` lists: cmake/build_utils.py get_nvcc_flags)
+            flags["HOROVOD_BUILD_CUDA_CC_LIST"] = archs
     else:
         flags["HOROVOD_CPU_OPERATIONS"] = "MPI" if "mpi" in hv.operations else "GLOO"
     return dict(sorted(flags.items()))

@@ -81,9 +81,15 @@ def buildkit_cli() -> list[str]:
                       "install docker-buildx, or set ENVBUILDER_DOCKER_CLI to a CLI that has BuildKit")
 
 
+PLATFORMS = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
+
+
 def docker_build_command(cli: list[str], context: Path, tag: str, ca_bundle: str | None,
-                         netrc: str | None = None) -> list[str]:
+                         netrc: str | None = None, arch: str | None = None) -> list[str]:
     cmd = list(cli) + ["--progress=plain", "--tag", tag]
+    if arch and arch != "x86_64":
+        # an aarch64 image (spec/site `arch`): on an x86_64 machine this needs QEMU binfmt
+        cmd += ["--platform", PLATFORMS[arch]]
     if ca_bundle:
         cmd += ["--secret", f"id=ca,src={Path(ca_bundle).resolve()}"]
     if netrc:
@@ -146,7 +152,7 @@ def build(folder: Path, output, args) -> dict:
     tag = args.tag or image_tag(output.stack)
     context = stage_context(folder, output.files, wheelhouse)
     log_path = folder / "build.log"
-    cmd = docker_build_command(cli, context, tag, ca, netrc)
+    cmd = docker_build_command(cli, context, tag, ca, netrc, arch=output.stack.spec.target_arch)
     quiet = getattr(args, "json", False)
     env = dict(os.environ, DOCKER_BUILDKIT="1")
     started = time.monotonic()

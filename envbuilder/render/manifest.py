@@ -49,6 +49,12 @@ def expected(stack: Stack) -> dict:
 
         out["cuda_source"] = "pypi"
         out["cuda_arch"] = cuda_archs(stack) or []     # the framework's kernels must cover these
+    dist = spec.canonical().get("distributed")
+    if dist:
+        # how the ranks talk (torch.distributed: its backend and launcher); absent for specs
+        # that only name horovod, whose manifests stay as they were
+        out["distributed"] = {"kind": dist["kind"], "backend": spec.torch_backend,
+                              "launcher": dist.get("launcher")}
     if lock is not None:
         # OS packages of the final stage, name -> version (for a dpkg drift check)
         stage = "runtime" if "runtime" in lock.apt else "devel"
@@ -65,7 +71,8 @@ def render_manifest(stack: Stack, files: dict[str, bytes], smoke_sha: str) -> st
         "envbuilder": __version__,
         "spec_sha256": spec.sha256(),
         "image": {"tag": image_tag(stack), "base": stack.base, "runtime_base": stack.runtime_base,
-                  "os": stack.os_name},
+                  "os": stack.os_name,
+                  **({"arch": spec.target_arch} if spec.target_arch != "x86_64" else {})},
         "expect": expected(stack),
         "build": {
             "mpi_source": stack.mpi_source,

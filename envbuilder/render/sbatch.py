@@ -21,7 +21,7 @@ from __future__ import annotations
 from ..components.framework import runtime_env as framework_env
 from ..paths import MANIFEST_IN_IMAGE as IMAGE_MANIFEST, SMOKE_DIR
 from ..resolve import Stack
-from ..slurm import staging, sweeps
+from ..slurm import preflight, staging, sweeps
 from ..quoting import sbatch_value, shell_assign, shell_default, shell_word
 from .common import header
 
@@ -214,8 +214,14 @@ def pmi_plugin(stack: Stack) -> str:
 
 
 def ntasks_per_node(stack: Stack) -> int:
+    """Ranks per node (torchrun mode: what torchrun starts on each node's one task)."""
     cl = stack.spec.cluster
     return cl.ntasks_per_node or cl.gpus_per_node or 1
+
+
+def torchrun_mode(stack: Stack) -> bool:
+    d = stack.spec.distributed
+    return d.torch and d.launcher == "torchrun"
 
 
 def _directives(stack: Stack, combos: list[dict]) -> list[str]:
@@ -226,13 +232,16 @@ def _directives(stack: Stack, combos: list[dict]) -> list[str]:
     if cl.account:
         d.append(("account", cl.account, "cluster.account"))
     d.append(("nodes", cl.nodes, "cluster.nodes"))
-    d.append(("ntasks-per-node", ntasks_per_node(stack), "cluster.ntasks_per_node"))
+    per_node = ntasks_per_node(stack)
+    # torchrun mode: one Slurm task per node; torchrun starts the node's ranks itself
+    d.append(("ntasks-per-node", 1 if torchrun_mode(stack) else per_node, "cluster.ntasks_per_node"))
     if cl.gpus_per_node:
         # every rank sees all GPUs of its node and picks one by local rank: CUDA IPC between
         # ranks keeps working (F4: nccl#129, pyxis#73)
         d.append(("gpus-per-node", cl.gpus_per_node, "cluster.gpus_per_node"))
     if cl.cpus_per_task:
-        d.append(("cpus-per-task", cl.cpus_per_task, "cluster.cpus_per_task"))
+        cpus = cl.cpus_per_task * (per_node if torchrun_mode(stack) else 1)
+        d.append(("cpus-per-task", cpus, "cluster.cpus_per_task"))
     if cl.mem_per_cpu:
         d.append(("mem-per-cpu", cl.mem_per_cpu, "cluster.mem_per_cpu"))
     if cl.time:
@@ -335,8 +344,15 @@ def _environment(stack: Stack, rt: Runtime) -> list[str]:
         "# Cores per rank: srun must be told again (Slurm >= 22.05 no longer passes",
         "# --cpus-per-task to steps; reframe#2655); threads follow the cores",
         'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"',
-        'export OMP_NUM_THREADS="$SRUN_CPUS_PER_TASK"',
     ]
+    if torchrun_mode(stack):
+        out += ["# torchrun mode: the node's task holds the cores of all its ranks",
+                "# (ENVBUILDER_RANKS_PER_NODE: what `envbuilder verify --slurm --ranks N` asks)",
+                f'RANKS_PER_NODE="${{ENVBUILDER_RANKS_PER_NODE:-{ntasks_per_node(stack)}}}"',
+                'export OMP_NUM_THREADS=$(( SRUN_CPUS_PER_TASK / RANKS_PER_NODE > 0 ? '
+                'SRUN_CPUS_PER_TASK / RANKS_PER_NODE : 1 ))']
+    else:
+        out.append('export OMP_NUM_THREADS="$SRUN_CPUS_PER_TASK"')
     cpu_env = framework_env(stack) if stack.cpu_threads_env else {}
     if cpu_env:
         out.append("# CPU TensorFlow: oneDNN on, OpenMP threads do not spin, compact binding (seeds)")
@@ -431,16 +447,23 @@ def _rank_setup(stack: Stack) -> list[str]:
         "# Every rank starts through rank_main: its identity for torch.distributed, and only",
         "# rank 0 keeps the checkpoint and TensorBoard folders",
         "rank_main() {",
-        '    export RANK="${SLURM_PROCID:-0}" LOCAL_RANK="${SLURM_LOCALID:-0}" WORLD_SIZE="${SLURM_NTASKS:-1}"',
+        "    # inside the srun step: srun's task ids (torchrun sets its own: TORCHELASTIC_RUN_ID)",
+        '    if [ -z "${TORCHELASTIC_RUN_ID:-}" ]; then',
+        '        export RANK="${SLURM_PROCID:-0}" LOCAL_RANK="${SLURM_LOCALID:-0}" WORLD_SIZE="${SLURM_NTASKS:-1}"',
+        '        export LOCAL_WORLD_SIZE="${SLURM_NTASKS_PER_NODE:-${SLURM_TASKS_PER_NODE%%(*}}"',
+        "    fi",
+        *preflight.rank_lines(stack),
         '    if [ "$RANK" != 0 ]; then unset CHECKPOINT_DIR TENSORBOARD_DIR; fi',
         '    exec "$@"',
         "}",
-        "# One task per node: the node-local folder (HOME, staged data)",
+        "# One task per node: the node-local folder (HOME, staged data)"
+        + (", the GPU preflight" if stack.spec.cuda else ""),
         "node_setup() {",
         '    mkdir -p "$HOME"',
+        *(["    gpu_preflight"] if stack.spec.cuda else []),
         *staging.node_setup_lines(stack),
         "}",
-        "export -f rank_main node_setup",
+        "export -f rank_main node_setup" + (" gpu_preflight version_lt" if stack.spec.cuda else ""),
     ]
 
 
@@ -489,15 +512,26 @@ def _launch(stack: Stack, rt: Runtime, pmi: str) -> list[str]:
         'srun --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none bash -c node_setup',
     ]
     out += _monitoring(stack, rt)
+    if torchrun_mode(stack):
+        out += _torchrun_launch(stack, rt, gpu_bind)
+    else:
+        out += [
+            "",
+            f"# The hybrid model: srun --mpi={pmi} starts one rank per "
+            + ("GPU" if cl.gpus_per_node else "task") + "; the MPI in the image must speak",
+            "# the same PMI as this Slurm (F1)" + ("; --gpu-bind=none keeps all node GPUs visible (F4)"
+                                                 if gpu_bind else ""),
+        ]
+        if spec.distributed.torch:
+            out += ["# torch.distributed, srun mode: one task per rank, srun binds its CPUs; rank_main",
+                    "# exports RANK/LOCAL_RANK/WORLD_SIZE inside the step (MASTER_ADDR/PORT: above)"]
+        out += [
+            "run_ranks() {",
+            f"    srun --mpi={pmi} --kill-on-bad-exit=1{gpu_bind}{rt.srun_extra} \\",
+            "        \"${launch[@]}\" bash -c 'rank_main \"$@\"' rank \"$@\"",
+            "}",
+        ]
     out += [
-        "",
-        f"# The hybrid model: srun --mpi={pmi} starts one rank per "
-        + ("GPU" if cl.gpus_per_node else "task") + "; the MPI in the image must speak",
-        "# the same PMI as this Slurm (F1)" + ("; --gpu-bind=none keeps all node GPUs visible (F4)" if gpu_bind else ""),
-        "run_ranks() {",
-        f"    srun --mpi={pmi} --kill-on-bad-exit=1{gpu_bind}{rt.srun_extra} \\",
-        "        \"${launch[@]}\" bash -c 'rank_main \"$@\"' rank \"$@\"",
-        "}",
         "",
         'note "job ${SLURM_JOB_ID:-local}: ${SLURM_NTASKS:-1} rank(s) on ${SLURM_JOB_NUM_NODES:-1} node(s), '
         + rt.name + ', output in $OUTPUT_DIR"',
@@ -512,6 +546,28 @@ def _launch(stack: Stack, rt: Runtime, pmi: str) -> list[str]:
         out += ["else", "    run_smoke"]
     out.append("fi")
     return out
+
+
+def _torchrun_launch(stack: Stack, rt: Runtime, gpu_bind: str) -> list[str]:
+    """torch.distributed, torchrun mode: one Slurm task per node runs torchrun, which starts the
+    node's ranks and meets the other nodes at a c10d rendezvous on the first node."""
+    return [
+        "",
+        "# torchrun mode: one task per node; torchrun starts RANKS_PER_NODE ranks there and the",
+        "# nodes meet at the c10d rendezvous on the first node (MASTER_ADDR:MASTER_PORT), keyed by",
+        "# the job id. torchrun cannot bind CPUs per rank (srun mode can)",
+        "run_nodes() {",
+        f'    srun --mpi=none --kill-on-bad-exit=1 --ntasks-per-node=1 --ntasks="${{SLURM_JOB_NUM_NODES:-1}}"'
+        f'{gpu_bind}{rt.srun_extra} \\',
+        '        "${launch[@]}" "$@"',
+        "}",
+        "run_ranks() {",
+        "    run_nodes python -m torch.distributed.run \\",
+        '        --nnodes="${SLURM_JOB_NUM_NODES:-1}" --nproc_per_node="$RANKS_PER_NODE" \\',
+        '        --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" \\',
+        '        --rdzv_id="${SLURM_JOB_ID:-0}" --no-python bash -c \'rank_main "$@"\' rank "$@"',
+        "}",
+    ]
 
 
 def _smoke(stack: Stack, rt: Runtime) -> list[str]:
@@ -529,6 +585,16 @@ def _smoke(stack: Stack, rt: Runtime) -> list[str]:
     else:
         out += ['    local manifest="${ENVBUILDER_MANIFEST:-$JOB_DIR/manifest.json}"',
                 '    export PYTHONPATH="$JOB_DIR"   # the suite as `envbuilder build` wrote it']
+    if torchrun_mode(stack):
+        # the suite's launcher runs on every node and starts torchrun itself; the first node's reports
+        out += [
+            f"    run_nodes python -m {SMOKE_DIR} --launcher torchrun \\",
+            '        --ranks "$(( ${SLURM_JOB_NUM_NODES:-1} * RANKS_PER_NODE ))" \\',
+            '        --manifest "$manifest" --workdir "$OUTPUT_DIR/smoke" \\',
+            f'        --timeout "${{ENVBUILDER_SMOKE_TIMEOUT:-120}}" --report "$OUTPUT_DIR/smoke-report.json"{gpu}',
+            "}",
+        ]
+        return out
     out += [
         f"    run_ranks python -m {SMOKE_DIR} --manifest \"$manifest\" --workdir \"$OUTPUT_DIR/smoke\" \\",
         f'        --timeout "${{ENVBUILDER_SMOKE_TIMEOUT:-120}}" --report "$OUTPUT_DIR/smoke-report.json"{gpu}',
@@ -553,6 +619,7 @@ def render_sbatch(stack: Stack) -> str:
     lines += _environment(stack, rt)
     lines += _binds(stack, rt)
     lines += staging.function_lines(stack)
+    lines += preflight.function_lines(stack)
     lines += _rank_setup(stack)
     if not spec.cluster.command:
         lines += _smoke(stack, rt)

@@ -139,13 +139,16 @@ def exit_file(workdir, rank):
 
 # ----------------------------------------------------------------------------- environment
 
-RANK_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK",
-            "SLURM_PROCID")
-SIZE_ENV = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
+# ENVBUILDER_SMOKE_*: the suite's own spawner (torch.distributed runs); ROLE_RANK, WORLD_SIZE,
+# LOCAL_RANK, LOCAL_WORLD_SIZE: torchrun's (one srun task per node, so before the SLURM_ ones)
+RANK_ENV = ("ENVBUILDER_SMOKE_RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
+            "MV2_COMM_WORLD_RANK", "ROLE_RANK", "SLURM_PROCID")
+SIZE_ENV = ("ENVBUILDER_SMOKE_SIZE", "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+            "MV2_COMM_WORLD_SIZE", "ROLE_WORLD_SIZE", "SLURM_NTASKS")
 LOCAL_RANK_ENV = ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                  "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+                  "MV2_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID")
 LOCAL_SIZE_ENV = ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
-                  "MV2_COMM_WORLD_LOCAL_SIZE")
+                  "MV2_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE")
 
 
 def _env_int(names, default):
@@ -251,6 +254,24 @@ def fmt_rate(bytes_per_s):
     if bytes_per_s >= 1e6:
         return "%.1f MB/s" % (bytes_per_s / 1e6)
     return "%.1f kB/s" % (bytes_per_s / 1e3)
+
+
+def bandwidth_row(nbytes, secs, reps, size):
+    """One message size of an allreduce timing: algorithm and bus bandwidth (nccl-tests'
+    busbw = algbw x 2(n-1)/n)."""
+    algbw = nbytes / secs
+    busbw = algbw * 2.0 * (size - 1) / size if size > 1 else algbw
+    return {"bytes": nbytes, "time_us": round(secs * 1e6, 1), "reps": reps,
+            "algbw_GBps": round(algbw / 1e9, 4), "busbw_GBps": round(busbw / 1e9, 4)}
+
+
+def bandwidth_result(name, rows, what):
+    """The perf result of bandwidth_row()s: 'WHAT: 4 KiB x GB/s (t us); ...', figure at the largest."""
+    parts = ["%s %s (%.0f us)" % (fmt_bytes(r["bytes"]), fmt_rate(r["busbw_GBps"] * 1e9), r["time_us"])
+             for r in rows]
+    big = rows[-1]
+    return result(name, PASS, "%s: %s" % (what, "; ".join(parts)),
+                  "%s @ %s" % (fmt_rate(big["busbw_GBps"] * 1e9), fmt_bytes(big["bytes"])), {"sizes": rows})
 
 
 def format_table(checks, width=None):

@@ -73,8 +73,22 @@ class Run(object):
         self.ranks = 0
 
 
+def distributed_kind(expect):
+    """horovod | torch | tf-multiworker | none (older manifests: horovod when they ask for it)."""
+    d = expect.get("distributed") or {}
+    return d.get("kind") or ("horovod" if expect.get("horovod") else "none")
+
+
 def plan_runs(expect, args):
-    """(controller, launcher, framework module) for every Horovod run, in order."""
+    """(controller, launcher, framework module) for every multi-rank run, in order."""
+    if distributed_kind(expect) == "torch":
+        # torch.distributed: the suite's own spawner (env:// like srun), or torchrun when asked
+        how = "torchrun" if args.launcher == "torchrun" else (
+            "none" if args.launcher == "none" else "spawn")
+        return [Run("torch", how, "torch", first=True)]
+    if distributed_kind(expect) == "tf-multiworker":
+        # MultiWorkerMirroredStrategy: the spawner's variables become TF_CONFIG
+        return [Run("tf", "none" if args.launcher == "none" else "spawn", "tensorflow", first=True)]
     hv = expect.get("horovod")
     if not hv:
         return []
@@ -130,6 +144,11 @@ def mpi_flavor():
 def build_command(run, args, worker_args):
     n = run.ranks
     py = [sys.executable, "-m", PACKAGE + ".rank"] + worker_args
+    if run.launcher == "spawn" or (run.launcher == "none" and run.controller in ("torch", "tf")):
+        return [sys.executable, "-m", PACKAGE + ".spawn", "--ranks", str(n), "--"] + py
+    if run.launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run"] + torchrun_args(n) + \
+            ["--module", PACKAGE + ".rank"] + worker_args
     if run.launcher == "horovodrun":
         # --disable-cache: horovodrun would write ~/.horovod, read-only in many containers
         return find_horovodrun() + ["-np", str(n), "-H", "localhost:%d" % n, "--gloo", "--disable-cache"] + \
@@ -155,12 +174,35 @@ def build_command(run, args, worker_args):
     return py
 
 
+def torchrun_args(n):
+    """torchrun's arguments: inside a Slurm job (the job script's torchrun mode, one task per
+    node) the c10d rendezvous on the first node; elsewhere --standalone."""
+    env = os.environ
+    nodes = int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or "1")
+    if env.get("SLURM_JOB_ID") and env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        per_node = max(1, n // max(1, nodes))
+        return ["--nnodes=%d" % nodes, "--nproc_per_node=%d" % per_node, "--rdzv_backend=c10d",
+                "--rdzv_endpoint=%s:%s" % (env["MASTER_ADDR"], env["MASTER_PORT"]),
+                "--rdzv_id=%s" % env["SLURM_JOB_ID"]]
+    return ["--standalone", "--nnodes=1", "--nproc_per_node=%d" % n]
+
+
 def run_env(run, args, expect):
     env = dict(os.environ)
     root = package_root()
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     env["HOROVOD_TIMELINE"] = "DYNAMIC"
+    env["ENVBUILDER_SMOKE_TIMEOUT"] = str(args.timeout)
+    if run.controller in ("torch", "tf") and run.launcher in ("spawn", "torchrun", "none"):
+        # this process's own rank variables (a surrounding srun or torchrun) must not leak
+        # into the ranks it starts
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "ROLE_RANK",
+                     "ROLE_WORLD_SIZE", "ENVBUILDER_SMOKE_RANK", "ENVBUILDER_SMOKE_SIZE"):
+            env.pop(name, None)
+        if run.launcher == "torchrun":
+            # torchrun's ranks are told apart by its ROLE_RANK; SLURM_PROCID is the node's task
+            env.pop("SLURM_PROCID", None)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
@@ -729,8 +771,11 @@ def build_parser():
     p = argparse.ArgumentParser(prog="python -m envbuilder_smoke",
                                 description="envbuilder's in-image smoke suite")
     p.add_argument("--ranks", type=int, default=2, help="Horovod ranks per run (default 2)")
-    p.add_argument("--launcher", default="auto", choices=("auto", "gloo", "mpi", "srun", "none"),
+    p.add_argument("--launcher", default="auto",
+                   choices=("auto", "gloo", "mpi", "srun", "torchrun", "none"),
                    help="auto: horovodrun --gloo for the gloo controller and mpirun for mpi; "
+                        "torch.distributed: the suite's own spawner (env://); torchrun: torchrun "
+                        "(c10d rendezvous on the first node inside a Slurm job); "
                         "none: one process, no launcher")
     p.add_argument("--controllers", default="",
                    help="comma list overriding the manifest's horovod.controllers (auto launcher)")
@@ -792,9 +837,9 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
     base = step_workdir(args)
     run_records = []
     if not runs:
-        checks.append(result("horovod", SKIP, "the manifest asks for no Horovod: no multi-rank checks"))
+        checks.append(no_runs_result(expect))
     hv = expect.get("horovod") or {}
-    if runs and "mpi" not in (hv.get("controllers") or ["mpi"]):
+    if runs and runs[0].controller not in ("torch", "tf") and "mpi" not in (hv.get("controllers") or ["mpi"]):
         checks.append(result("launch", FAIL, "inside srun the ranks need Horovod's mpi controller; "
                              "the manifest builds only %s" % ", ".join(hv.get("controllers") or [])))
         runs = []
@@ -847,6 +892,14 @@ def gpu_checks_state(expect, checks):
     return "not run: no GPU visible"
 
 
+def no_runs_result(expect):
+    kind = distributed_kind(expect)
+    if "distributed" in expect:
+        return result("distributed", SKIP, "the manifest asks for no multi-rank framework "
+                      "(distributed: none): no multi-rank checks")
+    return result("horovod", SKIP, "the manifest asks for no Horovod: no multi-rank checks")
+
+
 def finish(args, manifest, manifest_path, checks, run_records, t_start, launcher, ranks, workdir):
     summary = {s: sum(1 for c in checks if c["status"] == s) for s in (PASS, FAIL, SKIP)}
     report = {
@@ -897,7 +950,7 @@ def main(argv=None):
         checks.extend(run_static(expect, args.no_gpu))
     runs = plan_runs(expect, args)
     if not runs:
-        checks.append(result("horovod", SKIP, "the manifest asks for no Horovod: no multi-rank checks"))
+        checks.append(no_runs_result(expect))
     own_workdir = args.workdir is None
     base = args.workdir or tempfile.mkdtemp(prefix="envbuilder-smoke-")
     run_records = []
@@ -919,6 +972,9 @@ def main(argv=None):
         ops = operations_check(expect, checks)
         if ops is not None:
             checks.append(ops)
+        if args.launcher == "torchrun" and os.environ.get("SLURM_NODEID", "0") not in ("", "0"):
+            # torchrun mode, one task per node: the first node's launcher reports for all ranks
+            return 0 if all(r["returncode"] in (0, None) for r in run_records) else 1
     finally:
         if own_workdir and not args.keep:
             shutil.rmtree(base, ignore_errors=True)

@@ -15,8 +15,9 @@ import sys
 import time
 import traceback
 
-from .common import (FAIL, FAULT_ENV, PASS, SKIP, gpu_absent, env_local_rank, env_local_size, env_rank,
-                     env_size, fmt_bytes, fmt_rate, parse_fault, rank_file, read_json, result,
+from .common import (FAIL, FAULT_ENV, PASS, SKIP, bandwidth_result, bandwidth_row, gpu_absent,
+                     env_local_rank, env_local_size, env_rank, env_size, fmt_bytes, parse_fault,
+                     rank_file, read_json, result,
                      threads_per_rank, write_json_atomic)
 
 # Message sizes (bytes) for the bandwidth measurement, and the allreduce correctness grid.
@@ -28,6 +29,12 @@ EXACT_COUNTS = (1, 1023, 1 << 18)
 def plan(framework, controller, first_run, gpu_expected=False):
     """The check names one run reports, in order (the launcher uses it to name checks that a
     crash or hang kept from running). Imports no framework."""
+    if controller == "torch":
+        from .dist_torch import plan as torch_plan
+        return torch_plan()
+    if controller == "tf":
+        from .dist_tf import plan as tf_plan
+        return tf_plan()
     fw = "pytorch" if framework == "torch" else "tensorflow"
     tag = "[%s]" % controller
     names = ["horovod.init" + tag]
@@ -346,16 +353,9 @@ def check_bandwidth(ctx, device="cpu", name=None):
     for nbytes in (GPU_BANDWIDTH_SIZES if device == "gpu" else BANDWIDTH_SIZES):
         ctx.phase("bandwidth %s %s" % (device, fmt_bytes(nbytes)))
         secs, reps = time_allreduce(ctx, nbytes, device)
-        algbw = nbytes / secs
-        busbw = algbw * 2.0 * (size - 1) / size if size > 1 else algbw
-        rows.append({"bytes": nbytes, "time_us": round(secs * 1e6, 1), "reps": reps,
-                     "algbw_GBps": round(algbw / 1e9, 4), "busbw_GBps": round(busbw / 1e9, 4)})
-    parts = ["%s %s (%.0f us)" % (fmt_bytes(r["bytes"]), fmt_rate(r["busbw_GBps"] * 1e9), r["time_us"])
-             for r in rows]
-    big = rows[-1]
-    return [result(name, PASS, "bus bandwidth per message size (float32, %d ranks, %s): %s" % (
-        size, device, "; ".join(parts)),
-        "%s @ %s" % (fmt_rate(big["busbw_GBps"] * 1e9), fmt_bytes(big["bytes"])), {"sizes": rows})]
+        rows.append(bandwidth_row(nbytes, secs, reps, size))
+    return [bandwidth_result(name, rows, "bus bandwidth per message size (float32, %d ranks, %s)" % (
+        size, device))]
 
 
 def check_gpu(ctx):
@@ -449,7 +449,7 @@ def run_checks(ctx, checks):
             tb = traceback.format_exc(limit=6)
             res = [result(cname, FAIL, "%s: %s" % (type(exc).__name__, exc), "error",
                           {"traceback": tb})]
-            if cname.startswith("horovod.init") or horovod_is_down(exc):
+            if cname.startswith(("horovod.init", "dist.init")) or horovod_is_down(exc):
                 # nothing later can work: stop here (the launcher names what is missing)
                 res[0]["data"]["fatal"] = True
                 ctx.progress.add(res[0])
@@ -490,6 +490,16 @@ def main(argv=None):
         except ValueError:
             pass
     ctx.threads = threads
+    if args.controller in ("torch", "tf"):
+        # torch.distributed / tf-multiworker (manifest expect.distributed.kind): their own checks
+        if args.controller == "torch":
+            from .dist_torch import run as run_dist
+        else:
+            from .dist_tf import run as run_dist
+        code = run_dist(ctx, run_checks, threads)
+        progress.finish()
+        sys.stdout.flush()
+        return code
 
     def setup(c):
         c.phase("import %s + horovod" % args.framework)

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "or directory/tag (charliecloud)")
     parser.add_argument("--runtime", choices=RUNTIMES, default="docker",
                         help="where the suite runs (default docker); host: this machine's Python")
-    parser.add_argument("--ranks", type=int, default=2, help="Horovod ranks (default 2)")
+    parser.add_argument("--ranks", type=int, default=2, help="ranks (Horovod or torch.distributed; default 2)")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="S",
                         help="seconds any single check may take before its rank counts as hung "
                              "(default 120)")
@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     parser.add_argument("--manifest", metavar="FILE", help="compare with this manifest.json instead of "
                                                           "FOLDER's (host runtime without FOLDER)")
-    parser.add_argument("--launcher", default="auto", choices=("auto", "gloo", "mpi", "srun", "none"),
+    parser.add_argument("--launcher", default="auto",
+                        choices=("auto", "gloo", "mpi", "srun", "torchrun", "none"),
                         help="how the suite starts ranks (default: horovodrun --gloo and mpirun, "
                              "per the manifest's controllers)")
     parser.add_argument("--python", metavar="EXE",

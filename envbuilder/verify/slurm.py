@@ -168,9 +168,14 @@ def run_slurm(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
     env["OUTPUT_DIR"] = str(out_dir)
     env["ENVBUILDER_SMOKE_TIMEOUT"] = f"{opts.timeout:g}"
     per_node = math.ceil(opts.ranks / args.nodes)
+    tasks, tasks_per_node = opts.ranks, per_node
+    if "RANKS_PER_NODE=" in script.read_text():
+        # torchrun mode: one Slurm task per node; torchrun starts the node's ranks
+        env["ENVBUILDER_RANKS_PER_NODE"] = str(per_node)
+        tasks, tasks_per_node = args.nodes, 1
     argv = ["sbatch", "--parsable", f"--chdir={t.folder}", f"--output={out_dir}/slurm-%j.out",
-            f"--job-name={t.name}-verify", f"--nodes={args.nodes}", f"--ntasks={opts.ranks}",
-            f"--ntasks-per-node={per_node}"]
+            f"--job-name={t.name}-verify", f"--nodes={args.nodes}", f"--ntasks={tasks}",
+            f"--ntasks-per-node={tasks_per_node}"]
     for opt, value in (("partition", args.partition), ("account", args.account), ("time", args.time_limit)):
         if value:
             argv.append(f"--{opt}={value}")

@@ -1,0 +1,190 @@
+"""Every compatibility rule code has a spec that triggers it, run through `envbuilder check --json`.
+
+Each row names a preset in recipes/ and the few fields changed from it; the test writes that spec,
+runs the real command and asserts what a user sees: the exit code (2 when the finding is an error,
+0 for a warning or a note), the code with its field, reason and fix in the JSON, and no other error.
+The presets themselves pass. A meta-test fails when envbuilder/compat/rules.py has a code that
+no test names, so a new rule without a test fails CI.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import pytest
+import yaml
+
+from conftest import RECIPES, ROOT
+
+RULES_PY = ROOT / "envbuilder" / "compat" / "rules.py"
+PRESETS = {p.stem: yaml.safe_load(p.read_text()) for p in sorted(RECIPES.glob("*.yaml"))}
+DELETE = object()
+
+# code, preset, changes (dotted field -> value, DELETE drops it), level, field, words in the reason
+TABLE = [
+    # --- framework
+    ("INTEL_TF_MAX", "cpu-intel-tf", {"framework.version": "2.15.0"},
+     "error", "framework.version", "2.14.0 is the last release"),
+    ("FW_UNKNOWN", "gpu", {"framework.version": "2.9.3"},
+     "error", "framework.version", "not in envbuilder's catalog"),
+    ("FW_PATCH_UNKNOWN", "gpu", {"framework.version": "2.12.7"},
+     "warning", "framework.version", "not a release the catalog lists"),
+    ("FW_PYTHON", "cpu-tf", {"framework.version": "2.10.1"},
+     "error", "python", "wheels for Python 3.7 to 3.10"),
+    ("FW_CPU_ONLY", "gpu", {"framework.name": "tensorflow-cpu"},
+     "error", "cuda", "CPU-only build"),
+    ("TF_CUDA_MAJOR", "gpu", {"cuda": {"version": "12.2"}},
+     "error", "cuda.version", "built for CUDA 11.8"),
+    ("TF_CUDA_MINOR", "gpu", {"framework.version": "2.15.1", "cuda": {"version": "12.3", "cudnn": "8"}},
+     "warning", "cuda.version", "tested with CUDA 12.2"),
+    ("TF_CUDNN", "gpu", {"cuda.cudnn": "9"},
+     "error", "cuda.cudnn", "built against cuDNN 8.6"),
+    ("TORCH_CUDA", "gpu-pytorch", {"cuda": {"version": "12.1", "nccl": "2.17.1"}},
+     "error", "cuda.version", "published for CUDA 11.7, 11.8"),
+    # --- CUDA, NCCL, driver
+    ("CUDA_UNKNOWN", "gpu", {"cuda.version": "11.7"},
+     "error", "cuda.version", "CUDA 11.7 is not in the catalog"),
+    ("NCCL_UNKNOWN", "gpu", {"cuda.nccl": "2.15.1"},
+     "warning", "cuda.nccl", "NCCL 2.15.1 is not in the catalog"),
+    ("NCCL_MAJOR", "gpu", {"cuda.nccl": "2.19.3"},
+     "error", "cuda.nccl", "built for CUDA 12.x"),
+    ("DRIVER_MIN", "gpu", {"cuda.driver": "418.87"},
+     "error", "cuda.driver", "older than CUDA 11.8 needs (>= 520.61.05)"),
+    ("DRIVER_MINOR_COMPAT", "gpu", {"cuda.driver": "470.82.01"},
+     "warning", "cuda.driver", "minor-version compatibility"),
+    ("CUDA_ARCH", "gpu-pytorch", {"framework.version": "2.9.0",
+                                  "cuda": {"version": "13.0", "nccl": "2.28.3", "compute_capability": "7.0"}},
+     "error", "cuda.compute_capability", "compute capability 7.0 (needs >= 7.5)"),
+    # --- Horovod
+    ("HVD_UNKNOWN", "gpu", {"horovod.version": "0.25.0"},
+     "error", "horovod.version", "Horovod 0.25.0 is not in the catalog"),
+    ("HVD_TF220", "cpu-tf", {"framework.version": "2.20.0"},
+     "error", "framework.version", "horovod PR 4302"),
+    ("HVD_TF_KERAS3", "cpu-tf", {"framework.version": "2.16.1"},
+     "error", "framework.version", "Keras 3"),
+    ("HVD_TF212_OLD", "gpu", {"horovod.version": "0.27.0"},
+     "error", "horovod.version", "DistributedOptimizer is broken with TensorFlow >= 2.12"),
+    ("HVD_UNTESTED_TF", "cpu-tf", {},
+     "warning", "framework.version", "tested up to TensorFlow 2.12"),
+    ("HVD_TORCH_CXX17", "cpu-torch", {},
+     "info", "horovod.version", "needs a source fix to build against torch 2.13.0+cpu"),
+    ("HVD_NCCL_CPU", "cpu-tf", {"horovod.operations": ["nccl", "mpi", "gloo"]},
+     "error", "horovod.operations", "this is a CPU stack"),
+    ("HVD_MPI_MISSING", "cpu-tf", {"mpi": DELETE},
+     "error", "horovod.operations", "spec has no mpi section"),
+    # --- MPI
+    ("MPI_PMI", "gpu", {"mpi.version": "5.0.0", "mpi.pmi": "pmi2"},
+     "error", "mpi.pmi", "does not support PMI 'pmi2'"),
+    ("MPI_DISTRO", "cpu-intel-tf", {"mpi.version": "4.1.5", "mpi.source": "distro"},
+     "error", "mpi.version", "packages openmpi 4.1.2, not openmpi 4.1.5"),
+    ("MPI_TARBALL", "gpu", {"mpi.version": "4.1.3"},
+     "error", "mpi.version", "no pinned source tarball"),
+    # --- NGC bases
+    ("NGC_MPI", "ngc-tf", {"mpi.version": "4.1.5"},
+     "warning", "mpi.version", "ships openmpi 4.1.6, not openmpi 4.1.5"),
+    ("NGC_PYTHON", "ngc-tf", {"python": "3.11"},
+     "error", "python", "ships Python 3.10, not 3.11"),
+    ("NGC_FRAMEWORK", "ngc-tf", {"framework.version": "2.13.1"},
+     "error", "framework", "ships tensorflow 2.14.0"),
+    ("NGC_CUDA", "ngc-tf", {"cuda.version": "12.2"},
+     "error", "cuda.version", "ships CUDA 12.3, not 12.2"),
+    ("NGC_HOROVOD", "ngc-tf", {"horovod.version": "0.28.0"},
+     "error", "horovod.version", "ships Horovod 0.28.1, not 0.28.0"),
+    # --- base image, OS, Python
+    ("BASE_UNKNOWN", "cpu-tf", {"base": "registry.example.org/team/img:1"},
+     "error", "base", "does not know which OS"),
+    ("OS_UNKNOWN", "cpu-tf", {"base": "registry.example.org/team/img:1", "base_os": "rocky9"},
+     "error", "base_os", "unknown OS 'rocky9'"),
+    ("PYTHON_BASE", "cpu-tf", {"python": "3.10"},
+     "error", "python", "has Python 3.11, not 3.10"),
+    ("BASE_CUDA", "gpu", {"base": "nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04"},
+     "error", "base", "is not a CUDA 11.8 image"),
+    ("CUDA_OS", "gpu", {"base": "local/debian:bookworm", "python": "3.11"},
+     "error", "base", "no CUDA 11.8 image for debian-bookworm"),
+    # --- cluster and packages
+    ("CLUSTER_GPU_CPU", "cpu-tf", {"cluster.gpus_per_node": 4},
+     "error", "cluster.gpus_per_node", "the image is a CPU stack"),
+    ("CLUSTER_NO_GPU_NCCL", "gpu", {"cluster.gpus_per_node": 0},
+     "error", "cluster.gpus_per_node", "needs a GPU on every rank"),
+    ("BIND_FORMAT", "gpu", {"cluster.binds": ["/scratch", "data:/data"]},
+     "error", "cluster.binds[1]", "is not SRC[:DST[:ro|rw]]"),
+    ("TF_NUMPY2", "cpu-tf", {"packages": {"pip": ["numpy==2.0.2"]}},
+     "error", "packages.pip[0]", "built against NumPy 1.x"),
+]
+
+
+def derive(preset: str, changes: dict) -> str:
+    """The preset's YAML with the dotted fields changed (DELETE drops one)."""
+    data = copy.deepcopy(PRESETS[preset])
+    for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
+        node = data
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is DELETE:
+            node.pop(last)
+        else:
+            node[last] = value
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def check_json(cli, write_spec, text: str):
+    r = cli("check", str(write_spec(text)), "--json")
+    assert "Traceback" not in r.err, r.err
+    return r, json.loads(r.out)
+
+
+def error_codes(doc) -> list[str]:
+    """Rule codes of the errors in a refused spec's JSON (each reason ends with `[CODE]`)."""
+    return [m.group(1) for e in doc.get("errors", []) for m in [re.search(r"\[([A-Z0-9_]+)\]$", e["reason"])] if m]
+
+
+@pytest.mark.parametrize("code,preset,changes,level,field,words", TABLE, ids=[row[0] for row in TABLE])
+def test_rule_fires(cli, write_spec, code, preset, changes, level, field, words):
+    r, doc = check_json(cli, write_spec, derive(preset, changes))
+    if level == "error":
+        assert r.code == 2, r.out + r.err
+        assert doc["ok"] is False
+        assert error_codes(doc) == [code], doc          # this rule's error alone
+        (err,) = doc["errors"]
+        assert err["field"] == field
+        assert words in err["reason"], err["reason"]
+        assert err["fix"], err                          # every refusal says what to do
+        assert "nearest known-good preset: recipes/" in err["fix"]
+    else:
+        assert r.code == 0, r.out + r.err
+        assert doc["ok"] is True
+        mine = [f for f in doc["findings"] if f["rule"] == code]
+        assert len(mine) == 1, doc
+        (f,) = mine
+        assert (f["level"], f["field"]) == (level, field)
+        assert words in f["reason"], f["reason"]
+        assert "fix" in f and isinstance(f["sources"], list)
+        assert all(x["level"] != "error" for x in doc["findings"])
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_presets_pass(cli, preset):
+    r = cli("check", str(RECIPES / f"{preset}.yaml"), "--json")
+    assert r.code == 0, r.out + r.err
+    doc = json.loads(r.out)
+    assert doc["ok"] is True
+    assert [f for f in doc["findings"] if f["level"] == "error"] == []
+
+
+def rule_codes() -> set[str]:
+    """The codes rules.py can emit: every `Finding("CODE"` in its text."""
+    return set(re.findall(r'Finding\(\s*"([A-Z0-9_]+)"', RULES_PY.read_text()))
+
+
+def test_every_rule_code_has_a_test():
+    codes = rule_codes()
+    assert len(codes) >= 40, codes                      # the scan itself still finds the rules
+    tested = "\n".join(p.read_text() for p in (ROOT / "tests").glob("*.py") if p.name != "test_rule_table.py")
+    in_table = {row[0] for row in TABLE}
+    missing = sorted(c for c in codes if c not in in_table and not re.search(rf"\b{c}\b", tested))
+    assert not missing, f"rule codes with no test (add a row to TABLE in {__file__}): {missing}"
+    stale = sorted(in_table - codes)
+    assert not stale, f"TABLE rows for codes rules.py no longer has: {stale}"

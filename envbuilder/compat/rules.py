@@ -56,6 +56,13 @@ def _in_range(py: str, r) -> bool:
     return cmp(py, r[0]) >= 0 and cmp(minor(py), r[1]) <= 0
 
 
+def _last_keras2_tf(cat: Catalog) -> str:
+    """The newest TensorFlow release whose tf.keras is Keras 2 (the catalog's `keras:`)."""
+    releases = cat.framework_releases("tensorflow")
+    newest = max((v for v, r in releases.items() if r.get("keras", 2) < 3), key=release)
+    return releases[newest]["patches"][-1]
+
+
 # --- framework ----------------------------------------------------------------------------------
 
 @rule
@@ -208,14 +215,15 @@ def horovod_framework(spec: Spec, ctx: Context):
             yield Finding("HVD_TF220", ERROR, "framework.version",
                           f"Horovod {hv.version} does not build against TensorFlow {fw.version} "
                           "(needs the unmerged horovod PR 4302)",
-                          "use tensorflow 2.15.1 (the last Keras-2 release), or drop Horovod",
+                          f"use tensorflow {_last_keras2_tf(cat)} (the last Keras-2 release), or drop Horovod",
                           ["hvd_4302"])
-        elif cmp(fw.version, "2.16") >= 0:
+        elif (keras := (cat.framework_release(fw.family, fw.version) or {}).get("keras", 2)) >= 3:
             level = WARN if ctx.ngc else ERROR
             yield Finding("HVD_TF_KERAS3", level, "framework.version",
-                          f"TensorFlow {fw.version} makes tf.keras Keras 3, and Horovod {hv.version}'s "
+                          f"TensorFlow {fw.version} makes tf.keras Keras {keras}, and Horovod {hv.version}'s "
                           "horovod.tensorflow.keras fails with it ('Variable' object has no attribute 'ref')",
-                          "use tensorflow 2.15.1 (the last Keras-2 release) or an NGC TensorFlow container",
+                          f"use tensorflow {_last_keras2_tf(cat)} (the last Keras-2 release) "
+                          "or an NGC TensorFlow container",
                           ["hvd_4290", "tf_216_notes"])
         elif cmp(hv.version, "0.28.0") < 0 and cmp(fw.version, "2.12") >= 0:
             yield Finding("HVD_TF212_OLD", ERROR, "horovod.version",
@@ -232,7 +240,7 @@ def horovod_framework(spec: Spec, ctx: Context):
                 satisfies(fw.version, patch["applies"]["pytorch"]):
             yield Finding("HVD_TORCH_CXX17", INFO, "horovod.version",
                           f"Horovod {hv.version} needs a source fix to build against torch {fw.version}: "
-                          + patch["reason"], "applied by the recipe (CMAKE_CXX_STANDARD 17)", patch["sources"])
+                          + patch["reason"], f"applied by the recipe ({patch['replace'][1]})", patch["sources"])
 
 
 @rule

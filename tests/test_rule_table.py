@@ -188,3 +188,32 @@ def test_every_rule_code_has_a_test():
     assert not missing, f"rule codes with no test (add a row to TABLE in {__file__}): {missing}"
     stale = sorted(in_table - codes)
     assert not stale, f"TABLE rows for codes rules.py no longer has: {stale}"
+
+
+# Driver floors (NVIDIA's minimum driver per CUDA release, and the floor of minor-version
+# compatibility per CUDA major: 11.x >= 450.80.02, 12.x >= 525.60.13, 13.x >= 580.65.06,
+# https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html) as the
+# catalog holds them: below the floor an error, from the floor a warning, from the minimum nothing.
+CUDA_STACKS = {
+    "11.8": ("gpu", {}),
+    "12.1": ("gpu-pytorch", {"framework.version": "2.1.2", "cuda": {"version": "12.1", "nccl": "2.17.1"}}),
+    "13.0": ("gpu-pytorch", {"framework.version": "2.9.0", "cuda": {"version": "13.0", "nccl": "2.28.3"}}),
+}
+
+
+@pytest.mark.parametrize("cuda,driver,code", [
+    ("11.8", "450.80.01", "DRIVER_MIN"), ("11.8", "450.80.02", "DRIVER_MINOR_COMPAT"), ("11.8", "520.61.05", None),
+    ("12.1", "525.60.12", "DRIVER_MIN"), ("12.1", "525.60.13", "DRIVER_MINOR_COMPAT"), ("12.1", "530.30.02", None),
+    ("13.0", "580.65.05", "DRIVER_MIN"), ("13.0", "580.65.06", "DRIVER_MINOR_COMPAT"), ("13.0", "580.82.07", None),
+])
+def test_driver_floors(cli, write_spec, cuda, driver, code):
+    preset, changes = CUDA_STACKS[cuda]
+    changes = copy.deepcopy(changes)
+    changes["cuda.driver"] = driver
+    r, doc = check_json(cli, write_spec, derive(preset, changes))
+    drivers = [f["rule"] for f in doc.get("findings", []) if f["field"] == "cuda.driver"]
+    if code == "DRIVER_MIN":
+        assert r.code == 2 and error_codes(doc) == [code], doc
+    else:
+        assert r.code == 0, doc
+        assert drivers == ([code] if code else []), doc

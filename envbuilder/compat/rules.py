@@ -172,10 +172,9 @@ def cuda_stack(spec: Spec, ctx: Context):
     if cu and spec.cuda.driver:
         drv = spec.cuda.driver
         if cmp(drv, cu["min_driver"]) < 0:
-            # minor-version compatibility: any driver >= the major's floor runs its minors
-            # (CUDA 13.x: >= 580.65.06, cuda13_driver)
-            if cmp(drv, cu["compat_driver"]) >= 0 and major(spec.cuda.version) >= 11 and \
-                    (major(spec.cuda.version) == 11 and cmp(drv, "525") < 0 or major(spec.cuda.version) >= 12):
+            # compat_driver: the driver floor of minor-version compatibility for this CUDA major
+            # (11.x >= 450.80.02, 12.x >= 525.60.13, 13.x >= 580.65.06; catalog source cuda_minor_compat)
+            if cmp(drv, cu["compat_driver"]) >= 0:
                 yield Finding("DRIVER_MINOR_COMPAT", WARN, "cuda.driver",
                               f"driver {drv} is older than CUDA {spec.cuda.version}'s minimum "
                               f"{cu['min_driver']}; it runs through minor-version compatibility "

@@ -15,9 +15,9 @@ snapshot archive (snapshot.debian.org, snapshot.ubuntu.com) for long-term rebuil
 from __future__ import annotations
 
 import re
-import shlex
 
 from ..errors import CheckFailed
+from ..quoting import shell_words
 
 INST_RE = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+) .*\[([^\]]+)\]\)")
 
@@ -32,8 +32,8 @@ def _script(stages: dict[str, list[str]]) -> str:
         '$(grep -m1 "^Date:" "$f" | cut -d" " -f2-)"; done',
     ]
     for stage, pkgs in stages.items():
-        names = " ".join(shlex.quote(p.split("=")[0]) for p in pkgs)
-        req = " ".join(shlex.quote(p) for p in pkgs)
+        names = shell_words([p.split("=")[0] for p in pkgs], "packages.apt")
+        req = shell_words(pkgs, "packages.apt")
         lines += [
             f'echo "@@STAGE {stage}"',
             f"apt-get install -s --no-install-recommends {req} > /tmp/sim 2>/tmp/sim.err "

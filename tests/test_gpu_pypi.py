@@ -10,21 +10,16 @@ the layers for the next run)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import base_image, docker_cli, require_docker
+from infra import base_image, docker_cli, long_build, require_docker
 
-# Two multi-GB images from cold (the Horovod one compiles Horovod's CUDA code: over an hour on 2
-# loaded cores here) do not fit CI's 45-minute budget: these run when asked for,
-# ENVBUILDER_GPU_BUILDS=1 .venv/bin/python -m pytest tests/test_gpu_pypi.py
-pytestmark = pytest.mark.skipif(os.environ.get("ENVBUILDER_GPU_BUILDS", "") != "1",
-                                reason="GPU image builds from PyPI wheels run with ENVBUILDER_GPU_BUILDS=1 "
-                                       "(multi-GB, too long for the default suite)")
+# two multi-GB images from cold (the Horovod one compiles Horovod's CUDA code)
+pytestmark = long_build
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 SITE = "/opt/venv/lib/python3.11/site-packages"

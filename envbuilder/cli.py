@@ -101,7 +101,7 @@ def cmd_build(args) -> int:
 
     from .slurm.options import apply_job_options
 
-    from .lockcmd import ensure_locked, existing_lock
+    from .lockcmd import build_options, ensure_locked, existing_lock, lock_path
 
     spec = apply_job_options(load_spec(args.spec), site=args.site, runtime=args.runtime, sweep=args.sweep)
     want_sif = args.sif or "sif" in spec.targets
@@ -110,7 +110,9 @@ def cmd_build(args) -> int:
 
         raise EnvbuilderError("--sif", "the SIF is made from the image the Docker engine builds",
                               "leave out --no-build / --engine apptainer (apptainer build writes its own .sif)")
-    out = generate(spec, existing_lock(args, spec))      # an existing lock is used as is, if it matches
+    path = lock_path(spec, args.lock, args.out)
+    opts = build_options(args)
+    out = generate(spec, existing_lock(path))      # an existing lock is used as is, if it matches
     folder = Path(args.out) if args.out else Path("images") / spec.name
     written = write_folder(folder, out.files, complete=True)
     shown = sorted({str(folder / p.relative_to(folder).parts[0]) for p in written})
@@ -128,8 +130,8 @@ def cmd_build(args) -> int:
     if not args.no_build:
         from .engines import build_image
 
-        out = ensure_locked(args, spec, folder, out)      # no lock yet: resolve and write one
-        result["image"] = build_image(folder, out, args)
+        out = ensure_locked(opts, spec, folder, out, path)      # no lock yet: resolve and write one
+        result["image"] = build_image(folder, out, opts)
         if want_sif and args.engine == "docker":
             from .engines.docker import docker_cli
             from .sif.build import make_sif

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .engines.context import check_inputs
 from .engines.docker import engine
+from .engines.options import BuildOptions
 from .errors import CheckFailed
 from .generate import generate
 from .lock.base import check_engine_base
@@ -29,10 +30,11 @@ from .resolve import resolve
 from .spec import load_spec
 
 
-def lock_path(args, spec) -> Path:
-    if getattr(args, "lock", None):
-        return Path(args.lock)
-    folder = Path(args.out) if getattr(args, "out", None) else Path("images") / spec.name
+def lock_path(spec, lock: str | None = None, out: str | None = None) -> Path:
+    """--lock FILE, else <--out or images/<name>>/envbuilder.lock."""
+    if lock:
+        return Path(lock)
+    folder = Path(out) if out else Path("images") / spec.name
     return folder / LOCK_NAME
 
 
@@ -40,10 +42,21 @@ def add_lock_option(p) -> None:
     p.add_argument("--lock", metavar="FILE", help=f"the lock file (default: <output folder>/{LOCK_NAME})")
 
 
-def _options(args) -> dict:
-    return {"wheelhouse": getattr(args, "wheelhouse", None) or os.environ.get("ENVBUILDER_WHEELHOUSE"),
-            "ca_bundle": getattr(args, "ca_bundle", None) or os.environ.get("ENVBUILDER_CA_BUNDLE"),
-            "conda_lockfile": getattr(args, "conda_lockfile", None)}
+def build_options(args) -> BuildOptions:
+    """The options object engines and the lock step take, from `build`'s or `lock`'s arguments
+    (with the ENVBUILDER_* variables as defaults): the one place argparse meets them."""
+    return BuildOptions(
+        engine=getattr(args, "engine", None) or "docker", tag=getattr(args, "tag", None),
+        ca_bundle=getattr(args, "ca_bundle", None) or os.environ.get("ENVBUILDER_CA_BUNDLE"),
+        netrc=getattr(args, "netrc", None) or os.environ.get("ENVBUILDER_NETRC"),
+        wheelhouse=getattr(args, "wheelhouse", None) or os.environ.get("ENVBUILDER_WHEELHOUSE"),
+        exports=tuple(getattr(args, "export", None) or ()),
+        check_reproducible=bool(getattr(args, "check_reproducible", False)),
+        conda_lockfile=getattr(args, "conda_lockfile", None), quiet=bool(getattr(args, "json", False)))
+
+
+def _resolver_options(opts: BuildOptions) -> dict:
+    return {"wheelhouse": opts.wheelhouse, "ca_bundle": opts.ca_bundle, "conda_lockfile": opts.conda_lockfile}
 
 
 def _say(quiet: bool):
@@ -60,36 +73,34 @@ def _client(required_for: str):
 
 # --- build ----------------------------------------------------------------------------------
 
-def existing_lock(args, spec):
+def existing_lock(path: Path):
     """The lock `build` must use, checked against the spec by generate(); None when there is none."""
-    path = lock_path(args, spec)
     return load(path) if path.is_file() else None
 
 
-def ensure_locked(args, spec, folder: Path, out):
+def ensure_locked(opts: BuildOptions, spec, folder: Path, out, path: Path):
     """Before a real build: resolve and write a lock when there is none (Docker engine and network
     needed), and check a local base image is still the one the lock names. Returns the output."""
 
     lock = out.stack.lock
-    if args.engine == "apptainer":
+    if opts.engine == "apptainer":
         if lock is None:
             print("warning: no envbuilder.lock: building with the spec's pins only (`envbuilder lock` "
                   "resolves one; it needs a Docker engine)", file=sys.stderr)
         return out
-    quiet = getattr(args, "json", False)
+    quiet = opts.quiet
     if lock is None:
         started = time.monotonic()
-        opts = _options(args)
-        check_inputs(opts["ca_bundle"], opts["wheelhouse"])
-        lock = resolve_lock(out.stack, needs(out.stack), client=_client, progress=_say(quiet), **opts)
+        check_inputs(opts.ca_bundle, opts.wheelhouse)
+        lock = resolve_lock(out.stack, needs(out.stack), client=_client, progress=_say(quiet),
+                            **_resolver_options(opts))
         out = generate(spec, lock)
         write_folder(folder, out.files, complete=True)
-        path = lock_path(args, spec)
         if path.parent.resolve() != folder.resolve():
             write_folder(path.parent, {path.name: dump(lock).encode()})
         if not quiet:
             print(f"locked {spec.name} in {time.monotonic() - started:.0f} s: {summary(lock)} -> {path}")
-    if args.engine in ("buildah", "podman"):
+    if opts.engine in ("buildah", "podman"):
         return out       # no Docker engine needed: engines/buildah.py checks the base in its own storage
     client = _client("the build")
     for entry in lock.base.values():
@@ -121,7 +132,7 @@ def cmd_lock(args) -> int:
 
     spec = load_spec(args.spec)
     stack = resolve(spec)
-    path = lock_path(args, spec)
+    path = lock_path(spec, args.lock, args.out)
     previous = None
     if path.is_file():
         try:
@@ -131,11 +142,11 @@ def cmd_lock(args) -> int:
                 raise
             if not args.json:
                 print(f"warning: {exc.message()}\n  resolving everything anew", file=sys.stderr)
-    opts = _options(args)
-    check_inputs(opts["ca_bundle"], opts["wheelhouse"])
+    opts = build_options(args)
+    check_inputs(opts.ca_bundle, opts.wheelhouse)
     started = time.monotonic()
     lock = resolve_lock(stack, needs(stack), client=_client, previous=previous, update=args.update,
-                        progress=_say(args.json), **opts)
+                        progress=_say(args.json), **_resolver_options(opts))
     seconds = time.monotonic() - started
     if previous is not None and previous.inputs == lock.inputs and previous.flat() == lock.flat() \
             and previous.conda == lock.conda:

@@ -106,11 +106,7 @@ def _update(folder: Path, files: dict[str, bytes], complete: bool, note) -> list
                 if not (folder / d).exists():
                     (folder / d).mkdir()
                     made_dirs.append(folder / d)
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-            staged.append((tmp, target, name))
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.chmod(tmp, 0o755 if name in EXECUTABLE else 0o644)
+            staged.append((_stage(target, data, 0o755 if name in EXECUTABLE else 0o644), target, name))
         for tmp, target, name in staged:
             current = name
             backup = None
@@ -145,6 +141,38 @@ def _update(folder: Path, files: dict[str, bytes], complete: bool, note) -> list
     if complete:
         _drop_stale(folder, files, note)
     return [target for _, target, _ in staged]
+
+
+def _stage(target: Path, data: bytes, mode: int) -> str:
+    """A full copy of DATA beside TARGET (same file system, so os.replace is atomic); its path."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, mode)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None) -> None:
+    """One file that a reader sees whole or not at all (a report, image.json): written beside
+    PATH, then renamed over it. MODE defaults to 0666 less the umask (a report is for sharing).
+    The one atomic file writer outside the image (the smoke suite inside it is stdlib-only and
+    has its own: smoke/common.py write_text_atomic)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if mode is None:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    tmp = _stage(path, data.encode() if isinstance(data, str) else data, mode)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _drop_stale(folder: Path, files: dict[str, bytes], note) -> None:

@@ -122,3 +122,25 @@ def test_the_image_side_manifest_path_matches_paths_py():
     from envbuilder.smoke import launcher
 
     assert launcher.DEFAULT_MANIFEST == paths.MANIFEST_IN_IMAGE
+
+
+CLI_LAYER = {"envbuilder.cli", "envbuilder.lockcmd", "envbuilder.verify.cli"}
+
+
+def test_only_the_cli_layer_knows_argparse():
+    """Engines, the lock, verify's runner take small option objects (engines/options.py), not
+    argparse's Namespace: outside the CLI layer (and the smoke suite's own command line inside
+    the image) no module imports argparse and no function takes a parameter named `args`."""
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        module, _ = _module_name(path)
+        if module in CLI_LAYER or module.startswith("envbuilder.smoke"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import) and any(a.name == "argparse" for a in node.names):
+                bad.append(f"{module} imports argparse")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                params = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                if any(p.arg == "args" for p in params):
+                    bad.append(f"{module}.{node.name} takes `args`")
+    assert not bad, "\n".join(bad)

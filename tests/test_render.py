@@ -251,3 +251,25 @@ def test_a_rewritten_folder_loses_stale_pins_but_keeps_the_users_files(tmp_path)
     write_folder(folder, {"Dockerfile": b"2", "pins/pip-framework.txt": b"a"}, complete=True)
     assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == \
         ["Dockerfile", "envbuilder.lock", "notes.txt", "pins/pip-framework.txt"]
+
+
+def test_one_file_is_replaced_whole_or_left_as_it_was(tmp_path):
+    """output.write_atomic (reports, image.json): the new text whole, readable by others (0666
+    less the umask), no temporary file left; a write that fails leaves the old file."""
+    import os
+    import stat
+
+    from envbuilder.output import write_atomic
+
+    target = tmp_path / "sub" / "report.json"
+    write_atomic(target, "old\n")
+    write_atomic(target, b"new\n")
+    assert target.read_text() == "new\n"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask
+    assert [p.name for p in target.parent.iterdir()] == ["report.json"]
+    with pytest.raises(TypeError):
+        write_atomic(target, 42)            # not text: nothing replaced, nothing left behind
+    assert target.read_text() == "new\n"
+    assert [p.name for p in target.parent.iterdir()] == ["report.json"]

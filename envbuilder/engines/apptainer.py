@@ -12,6 +12,7 @@ from pathlib import Path
 from ..errors import CheckFailed
 from ..render.manifest import image_tag
 from .docker import engine
+from .options import BuildOptions
 
 
 def find_binary() -> str | None:
@@ -36,8 +37,8 @@ def _docker_has(tag: str) -> bool:
         return False
 
 
-def build(folder: Path, output, args) -> dict:
-    tag = args.tag or image_tag(output.stack)
+def build(folder: Path, output, opts: BuildOptions) -> dict:
+    tag = opts.tag or image_tag(output.stack)
     from_docker = tag if _docker_has(tag) else None
     binary = find_binary()
     cmd = apptainer_command(folder, output, binary or "apptainer", from_docker)

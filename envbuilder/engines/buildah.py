@@ -29,42 +29,19 @@ import sys
 import tarfile
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CheckFailed, EnvbuilderError
+from ..output import write_atomic
 from ..render.manifest import image_tag
 from .context import check_inputs, stage_context
+from .options import BuildOptions
 
 MIN_FREE_GB = {False: 6, True: 30}       # a CPU stack / a CUDA stack: layers + one working copy
 STEP_RE = re.compile(r"^(?:\[(\d+/\d+)\] )?STEP (\d+/\d+): (.*)$")
 FROM_RE = re.compile(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)", re.I | re.M)
 EXPORTS = ("docker", "oci-archive", "docker-archive")
 ARCHIVE_NAMES = {"oci-archive": "image.oci.tar", "docker-archive": "image.docker.tar"}
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    """What a buildah/podman build needs from the command line (not argparse's Namespace)."""
-
-    engine: str = "buildah"                  # "buildah" or "podman"
-    tag: str | None = None
-    ca_bundle: str | None = None
-    netrc: str | None = None                 # a private index's login, a build secret like the CA
-    wheelhouse: str | None = None
-    exports: tuple[str, ...] = ()            # any of EXPORTS
-    check_reproducible: bool = False
-    quiet: bool = False
-
-    @classmethod
-    def from_args(cls, args) -> "BuildOptions":
-        return cls(engine=args.engine, tag=args.tag,
-                   ca_bundle=args.ca_bundle or os.environ.get("ENVBUILDER_CA_BUNDLE"),
-                   netrc=getattr(args, "netrc", None) or os.environ.get("ENVBUILDER_NETRC"),
-                   wheelhouse=args.wheelhouse or os.environ.get("ENVBUILDER_WHEELHOUSE"),
-                   exports=tuple(getattr(args, "export", None) or ()),
-                   check_reproducible=bool(getattr(args, "check_reproducible", False)),
-                   quiet=bool(getattr(args, "json", False)))
 
 
 class OciEngine:
@@ -307,7 +284,7 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
         # the same for every build of the lock), hence Docker's ID for this build
         proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True)
         info["docker_id"] = proc.stdout.strip() or None
-    (folder / "image.json").write_text(json.dumps(info, indent=2) + "\n")
+    write_atomic(folder / "image.json", json.dumps(info, indent=2) + "\n")
     if not opts.quiet:
         size = f"{info['size_bytes'] / 1e6:.0f} MB, " if info["size_bytes"] else ""
         print(f"built {tag} with {engine.name} ({size}{info['build_seconds']:.0f} s); log {log_path}")

@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 
 from ..errors import CheckFailed, EnvbuilderError
+from ..output import write_atomic
 from ..render.manifest import image_tag
 from .buildlog import explain_build_failure
 from .context import check_inputs, stage_context
+from .options import BuildOptions
 
 MIN_API = (1, 40)            # Docker 19.03: BuildKit secrets and RUN --mount
 MIN_FREE_GB = {False: 8, True: 30}   # a CPU stack / a CUDA stack, image + build cache
@@ -135,10 +137,8 @@ def _run_build(cmd: list[str], env: dict, log, quiet: bool, shown_steps: set[str
     return proc.wait(), lines
 
 
-def build(folder: Path, output, args) -> dict:
-    ca = args.ca_bundle or os.environ.get("ENVBUILDER_CA_BUNDLE")
-    wheelhouse = args.wheelhouse or os.environ.get("ENVBUILDER_WHEELHOUSE")
-    netrc = getattr(args, "netrc", None) or os.environ.get("ENVBUILDER_NETRC")
+def build(folder: Path, output, opts: BuildOptions) -> dict:
+    ca, wheelhouse, netrc = opts.ca_bundle, opts.wheelhouse, opts.netrc
     check_inputs(ca, wheelhouse)
     if netrc and not Path(netrc).is_file():
         raise EnvbuilderError("--netrc", f"no such file: {netrc}",
@@ -149,11 +149,11 @@ def build(folder: Path, output, args) -> dict:
     client = engine()
     _check_engine(client, output.stack.spec.cuda is not None)
     cli = buildkit_cli()
-    tag = args.tag or image_tag(output.stack)
+    tag = opts.tag or image_tag(output.stack)
     context = stage_context(folder, output.files, wheelhouse)
     log_path = folder / "build.log"
     cmd = docker_build_command(cli, context, tag, ca, netrc, arch=output.stack.spec.target_arch)
-    quiet = getattr(args, "json", False)
+    quiet = opts.quiet
     env = dict(os.environ, DOCKER_BUILDKIT="1")
     started = time.monotonic()
     shown_steps: set[str] = set()
@@ -177,7 +177,7 @@ def build(folder: Path, output, args) -> dict:
     image = client.images.get(tag)
     info = {"engine": "docker", "tag": tag, "id": image.id, "size_bytes": image.attrs.get("Size"),
             "build_seconds": round(seconds, 1), "log": str(log_path)}
-    (folder / "image.json").write_text(json.dumps(info, indent=2) + "\n")
+    write_atomic(folder / "image.json", json.dumps(info, indent=2) + "\n")
     if not quiet:
         print(f"built {tag} ({image.id[:19]}, {info['size_bytes'] / 1e6:.0f} MB) in {seconds:.0f} s; log {log_path}")
     return info

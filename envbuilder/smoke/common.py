@@ -105,13 +105,18 @@ def version_matches(expected, installed):
 
 # ----------------------------------------------------------------------------- files
 
-def write_json_atomic(path, obj):
-    """Write JSON so that a reader never sees half a file."""
+def write_text_atomic(path, text):
+    """Write text so that a reader never sees half a file (a temporary file beside it, renamed
+    over it; 0666 less the umask). The image-side twin of envbuilder/output.py write_atomic:
+    this suite is stdlib-only and cannot import envbuilder."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
     try:
         with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, default=str)
+            fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -119,6 +124,11 @@ def write_json_atomic(path, obj):
         except OSError:
             pass
         raise
+
+
+def write_json_atomic(path, obj):
+    """Write JSON so that a reader never sees half a file."""
+    write_text_atomic(path, json.dumps(obj, default=str))
 
 
 def read_json(path):

@@ -30,7 +30,7 @@ import time
 from . import __version__
 from .common import (BEGIN_MARKER, END_MARKER, FAIL, FAULT_ENV, GPU_LEFT_OUT, PASS, REPORT_SCHEMA, SKIP,
                      describe_exit, exit_file, format_table, rank_file, read_json, result,
-                     signal_name, threads_per_rank, cpu_count)
+                     signal_name, threads_per_rank, cpu_count, write_text_atomic)
 from .static import ManifestError, framework_key, framework_module, load_manifest, run_static
 
 DEFAULT_MANIFEST = "/opt/envbuilder/manifest.json"
@@ -803,10 +803,7 @@ def build_parser():
 def emit(report, args):
     text = json.dumps(report, indent=1, sort_keys=False, default=str)
     if args.report:
-        tmp = args.report + ".tmp"
-        with open(tmp, "w") as fh:
-            fh.write(text + "\n")
-        os.replace(tmp, args.report)
+        write_text_atomic(args.report, text + "\n")
     table = format_table(report["checks"])
     summary = "%d passed, %d failed, %d skipped in %.1f s" % (
         report["summary"]["pass"], report["summary"]["fail"], report["summary"]["skip"], report["wall_s"])

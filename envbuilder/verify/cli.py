@@ -15,9 +15,9 @@ from typing import Callable
 
 from ..errors import EXIT_CHECK_FAILED, EXIT_OK, EnvbuilderError
 from . import report as rep
-from .slurm import add_slurm_arguments, run_slurm
-from .runner import (RUNTIMES, Outcome, Target, VerifyOptions, resolve_target, run_suite,
-                     write_atomic)
+from .slurm import SlurmRequest, add_slurm_arguments, run_slurm
+from ..output import write_atomic
+from .runner import RUNTIMES, Outcome, Target, VerifyOptions, resolve_target, run_suite
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +72,7 @@ def run_local(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
 
     if args.runtime in ("docker", "charliecloud") and is_sif(target.image):
         # a .sif without Apptainer: charliecloud runs its SquashFS partition (sif_runtime.py)
-        args.runtime = target.runtime = "charliecloud"
+        target.runtime = "charliecloud"
         outcome = SifCharliecloud(target.image).run(target, opts)
         return target, outcome, f"{target.name} (charliecloud, SIF {target.image})"
     where = f"{target.name} ({args.runtime}" + (f" {target.image}" if target.image and
@@ -90,8 +90,12 @@ def run(args, suite_runner: SuiteRunner | None = None) -> int:
     opts = options(args)
     if suite_runner is None and getattr(args, "slurm", False):
         # through the folder's job.sbatch: envbuilder/verify/slurm.py
-        suite_runner = run_slurm
-    target, outcome, where = (suite_runner or run_local)(args, opts)
+        req = SlurmRequest(folder=args.folder, manifest=args.manifest, image=args.image, runtime=args.runtime,
+                           nodes=args.nodes, partition=args.partition, account=args.account,
+                           time_limit=args.time_limit, sbatch_args=tuple(args.sbatch_arg))
+        target, outcome, where = run_slurm(req, opts)
+    else:
+        target, outcome, where = (suite_runner or run_local)(args, opts)
     return report_outcome(args, opts, target, outcome, where)
 
 
@@ -99,22 +103,22 @@ def report_outcome(args, opts: VerifyOptions, target: Target, outcome: Outcome, 
     report = outcome.report
     if report is None:
         report = rep.failure_report(outcome.problem, argv=outcome.argv, wall_s=outcome.wall_s,
-                                    runtime=args.runtime)
+                                    runtime=target.runtime)
     report["verify"] = {
-        "runtime": args.runtime, "image": target.image,
+        "runtime": target.runtime, "image": target.image,
         "folder": str(target.folder) if target.folder else None,
         "manifest": str(target.manifest_path) if target.manifest_path else None,
         "argv": outcome.argv, "exit_code": outcome.returncode, "wall_s": round(outcome.wall_s, 2),
         "timed_out": outcome.timed_out,
     }
-    record = image_record(target, args.runtime)
+    record = image_record(target, target.runtime)
     if record:
         report["verify"]["image_record"] = record
     failed = rep.summary(report)[rep.FAIL] > 0 or report.get("ok") is False
     if args.report:
         write_atomic(args.report, rep.dumps(report))
     if args.junit:
-        props = {"runtime": args.runtime, "image": target.image or "", "ranks": opts.ranks,
+        props = {"runtime": target.runtime, "image": target.image or "", "ranks": opts.ranks,
                  "command": " ".join(shlex.quote(a) for a in outcome.argv)}
         write_atomic(args.junit, rep.junit_xml(report, suite_name=f"envbuilder.verify.{target.name}",
                                                properties=props))

@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -476,25 +475,6 @@ def _container_exists(docker: str, name: str) -> bool:
     return proc.returncode == 0
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)      # mkstemp makes 0600; a report is for sharing
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 __all__ = ["Target", "VerifyOptions", "Outcome", "resolve_target", "build_argv", "run_suite",
            "parse_report", "docker_argv", "apptainer_argv", "charliecloud_argv", "host_argv",
-           "default_tag", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED", "write_atomic"]
+           "default_tag", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED"]

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import EXIT_CHECK_FAILED, EnvbuilderError
@@ -28,6 +29,21 @@ HEADER_RE = re.compile(r"^# Slurm job for \S+ \((\w+) runtime\)$", re.M)
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class SlurmRequest:
+    """What `verify --slurm` submits (verify/cli.py makes it from the command line)."""
+
+    folder: str | None = None                # the output folder that holds job.sbatch
+    manifest: str | None = None
+    image: str | None = None
+    runtime: str = "docker"                  # docker: verify's default, i.e. "the job's own"
+    nodes: int = 1
+    partition: str | None = None
+    account: str | None = None
+    time_limit: str | None = None
+    sbatch_args: tuple[str, ...] = ()
 
 
 def add_slurm_arguments(parser) -> None:
@@ -117,24 +133,24 @@ def _venv_of(python: str) -> str | None:
     return str(root) if (root / "pyvenv.cfg").is_file() else None
 
 
-def run_slurm(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
-    """verify --slurm: (target, outcome, where) for verify's own reporting."""
-    if args.nodes < 1:
-        raise EnvbuilderError("--nodes", f"must be at least 1, got {args.nodes}")
-    if opts.ranks < args.nodes:
-        raise EnvbuilderError("--ranks", f"{opts.ranks} rank(s) cannot fill {args.nodes} nodes",
+def run_slurm(req: SlurmRequest, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
+    """verify --slurm: (target, outcome, where) for verify's own reporting; the target's runtime
+    is the job script's."""
+    if req.nodes < 1:
+        raise EnvbuilderError("--nodes", f"must be at least 1, got {req.nodes}")
+    if opts.ranks < req.nodes:
+        raise EnvbuilderError("--ranks", f"{opts.ranks} rank(s) cannot fill {req.nodes} nodes",
                               "give at least one rank per node")
-    t = resolve_target(args.folder, None, "host", manifest=args.manifest)
+    t = resolve_target(req.folder, None, "host", manifest=req.manifest)
     if t.folder is None or not (t.folder / "job.sbatch").is_file():
         raise EnvbuilderError("FOLDER", "verify --slurm needs the output folder of `envbuilder build` "
                               "(it holds job.sbatch)", "envbuilder verify images/<name> --slurm")
     script = t.folder / "job.sbatch"
     runtime = job_runtime(script)
-    if args.runtime not in ("docker", runtime):   # docker: verify's default, i.e. not asked
-        raise EnvbuilderError("--runtime", f"{script} runs the {runtime} runtime, not {args.runtime}",
-                              f"rewrite it: envbuilder build SPEC --no-build --runtime {args.runtime}")
-    args.runtime = runtime          # what verify's report and headline name
-    t.runtime = runtime
+    if req.runtime not in ("docker", runtime):   # docker: verify's default, i.e. not asked
+        raise EnvbuilderError("--runtime", f"{script} runs the {runtime} runtime, not {req.runtime}",
+                              f"rewrite it: envbuilder build SPEC --no-build --runtime {req.runtime}")
+    t.runtime = runtime             # what verify's report and headline name
 
     env = dict(os.environ)
     env.setdefault("USER", "root" if os.geteuid() == 0 else str(os.geteuid()))
@@ -152,13 +168,13 @@ def run_slurm(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
     elif runtime == "charliecloud":
         from .sif_runtime import is_sif
 
-        if is_sif(args.image):        # the job mounts the SIF's SquashFS partition itself
-            t.image = str(Path(args.image).resolve())
+        if is_sif(req.image):        # the job mounts the SIF's SquashFS partition itself
+            t.image = str(Path(req.image).resolve())
         else:
-            t.image, _owned = charliecloud_dir(args.image or default_tag(t.manifest))
+            t.image, _owned = charliecloud_dir(req.image or default_tag(t.manifest))
         env["ENVBUILDER_IMAGE"] = t.image
     else:
-        t.image = args.image
+        t.image = req.image
         if t.image:
             env["ENVBUILDER_IMAGE"] = t.image
 
@@ -167,19 +183,19 @@ def run_slurm(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
     out_dir.mkdir(parents=True)
     env["OUTPUT_DIR"] = str(out_dir)
     env["ENVBUILDER_SMOKE_TIMEOUT"] = f"{opts.timeout:g}"
-    per_node = math.ceil(opts.ranks / args.nodes)
+    per_node = math.ceil(opts.ranks / req.nodes)
     tasks, tasks_per_node = opts.ranks, per_node
     if "RANKS_PER_NODE=" in script.read_text():
         # torchrun mode: one Slurm task per node; torchrun starts the node's ranks
         env["ENVBUILDER_RANKS_PER_NODE"] = str(per_node)
-        tasks, tasks_per_node = args.nodes, 1
+        tasks, tasks_per_node = req.nodes, 1
     argv = ["sbatch", "--parsable", f"--chdir={t.folder}", f"--output={out_dir}/slurm-%j.out",
-            f"--job-name={t.name}-verify", f"--nodes={args.nodes}", f"--ntasks={tasks}",
+            f"--job-name={t.name}-verify", f"--nodes={req.nodes}", f"--ntasks={tasks}",
             f"--ntasks-per-node={tasks_per_node}"]
-    for opt, value in (("partition", args.partition), ("account", args.account), ("time", args.time_limit)):
+    for opt, value in (("partition", req.partition), ("account", req.account), ("time", req.time_limit)):
         if value:
             argv.append(f"--{opt}={value}")
-    argv += list(args.sbatch_arg) + [str(script)]
+    argv += list(req.sbatch_args) + [str(script)]
 
     def echo(text):
         if opts.echo_stderr:
@@ -187,7 +203,7 @@ def run_slurm(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
 
     t0 = time.time()
     job_id = submit(argv, env)
-    echo(f"submitted job {job_id}: {opts.ranks} rank(s) on {args.nodes} node(s), {runtime} runtime, "
+    echo(f"submitted job {job_id}: {opts.ranks} rank(s) on {req.nodes} node(s), {runtime} runtime, "
          f"output in {out_dir}")
     rec, timed_out = wait(job_id, total_timeout(opts), echo)
     wall = time.time() - t0
@@ -202,5 +218,5 @@ def run_slurm(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
     exit_code = int(str(rec.get("ExitCode", "1:0")).split(":")[0] or 1)
     outcome = Outcome(argv=argv, returncode=exit_code, stdout="", wall_s=wall, timed_out=timed_out,
                       report=report)
-    where = f"{t.name} (slurm job {job_id}, {runtime}, {opts.ranks} rank(s) on {args.nodes} node(s))"
+    where = f"{t.name} (slurm job {job_id}, {runtime}, {opts.ranks} rank(s) on {req.nodes} node(s))"
     return t, outcome, where

@@ -1,0 +1,19 @@
+"""What a build needs from the command line, as a small frozen object (the CLI makes it from
+argparse's Namespace; engines and lockcmd's build orchestration never see argparse)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    engine: str = "docker"                   # one of engines.ENGINES
+    tag: str | None = None                   # None: envbuilder/<name>:<spec hash>
+    ca_bundle: str | None = None             # a build secret, never in a layer
+    netrc: str | None = None                 # a private index's login, a build secret like the CA
+    wheelhouse: str | None = None            # a bind mount, never in a layer
+    exports: tuple[str, ...] = ()            # buildah/podman: any of engines.buildah.EXPORTS
+    check_reproducible: bool = False         # buildah/podman: build twice, compare digests
+    conda_lockfile: str | None = None        # the lock step: a conda-lock file instead of resolving
+    quiet: bool = False                      # --json: no progress lines

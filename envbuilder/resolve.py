@@ -131,7 +131,7 @@ class Stack:
             families = [k for k in ("pytorch", "tensorflow") if k in applies]
             if families and not (fw.family in applies and satisfies(fw.version, applies[fw.family])):
                 continue
-            out.append((name, patch))
+            out.append((name, self.catalog.patch_for(name, fw.family, fw.version)))
         return out
 
     @property

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 GPU_TF = """\
@@ -68,21 +70,45 @@ def test_driver_within_minor_version_compat_warns(cli, write_spec):
     assert "minor-version compatibility" in r.err
 
 
-def test_torch_21_gets_the_cxx17_fix(cli, write_spec, tmp_path):
-    spec = write_spec("""\
+@pytest.mark.parametrize("torch,standard", [("2.13.0+cpu", 17), ("2.14.0", 20)])
+def test_torch_21_gets_the_cxx17_fix(cli, write_spec, tmp_path, torch, standard):
+    """Released Horovod builds as C++14; the recipe raises it to the torch release's `cxx:`
+    (torch 2.13's headers accept C++17, 2.14's need C++20)."""
+    spec = write_spec(f"""\
 name: t
-framework: {name: pytorch, version: "2.13.0+cpu"}
+framework: {{name: pytorch, version: "{torch}"}}
 python: "3.11"
 base: local/debian:bookworm
-mpi: {flavor: openmpi, version: "4.1.4"}
-horovod: {version: "0.28.1", operations: [mpi, gloo]}
+mpi: {{flavor: openmpi, version: "4.1.4"}}
+horovod: {{version: "0.28.1", operations: [mpi, gloo]}}
 """)
     r = cli("build", str(spec), "--no-build", "--out", str(tmp_path / "o"))
     assert r.code == 0, r.err
     docker = (tmp_path / "o" / "Dockerfile").read_text()
-    assert "sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/'" in docker
+    assert f"sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD {standard}/'" in docker
+    assert f"grep -q 'CMAKE_CXX_STANDARD {standard}' /tmp/horovod/horovod-0.28.1/horovod/torch/CMakeLists.txt" in docker
     assert "horovod/torch/CMakeLists.txt" in docker
     assert "horovod#3996" in docker
+    finding = next(f for f in json.loads((tmp_path / "o" / "manifest.json").read_text())["findings"]
+                   if f["rule"] == "HVD_TORCH_CXX17")
+    assert finding["fix"] == f"applied by the recipe (CMAKE_CXX_STANDARD {standard})"
+
+
+def test_the_cxx_patch_applies_where_the_catalogs_standards_say():
+    """The catalog's `cxx:` facts and the horovod_cxx17 patch agree: the patch applies to exactly
+    the torch releases whose headers need a newer standard than released Horovod compiles with."""
+    from envbuilder.compat.catalog import load_catalog
+    from envbuilder.versions import satisfies
+
+    cat = load_catalog()
+    patch = cat.patches()["horovod_cxx17"]
+    for hv, entry in cat.data["horovod"].items():
+        if not satisfies(hv, patch["applies"]["horovod"]):
+            continue
+        for release, facts in cat.framework_releases("pytorch").items():
+            assert satisfies(release, patch["applies"]["pytorch"]) == (facts["cxx"] > entry["cxx"]), (hv, release)
+            assert cat.patch_for("horovod_cxx17", "pytorch", release + ".0")["replace"][1] == \
+                f"CMAKE_CXX_STANDARD {max(17, facts['cxx'])}"
 
 
 def test_python_must_match_the_base_os(cli, write_spec):

@@ -77,6 +77,22 @@ class Catalog:
     def patches(self) -> dict:
         return self.data["patches"]
 
+    def patch_for(self, name: str, family: str, version: str) -> dict:
+        """Patch NAME as it applies to framework FAMILY VERSION. A patch with `standard_from: F`
+        sets a C++ standard: at least F's release's `cxx:` (the oldest standard its headers
+        accept), so torch 2.14's C++20 headers get CMAKE_CXX_STANDARD 20, not the 17 written."""
+        patch = dict(self.patches()[name])
+        if patch.get("standard_from") != family:
+            return patch
+        old, new = patch["replace"]
+        key, _, written = new.rpartition(" ")
+        need = (self.framework_release(family, version) or {}).get("cxx", 0)
+        if need > int(written):
+            patch["replace"] = [old, f"{key} {need}"]
+            patch["reason"] = f"{patch['reason']}; torch {minor(version)}'s headers need C++{need}"
+            patch["sources"] = [*patch["sources"], "torch_cxx"]
+        return patch
+
 @lru_cache(maxsize=1)
 def load_catalog() -> Catalog:
     with open(CATALOG_PATH, encoding="utf-8") as fh:

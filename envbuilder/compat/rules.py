@@ -234,7 +234,7 @@ def horovod_framework(spec: Spec, ctx: Context):
                           f"{fw.version} works in practice (NVIDIA ships it) and `envbuilder verify` checks it",
                           "", srcs)
     else:
-        patch = cat.patches()["horovod_cxx17"]
+        patch = cat.patch_for("horovod_cxx17", fw.family, fw.version)
         if satisfies(hv.version, patch["applies"]["horovod"]) and \
                 satisfies(fw.version, patch["applies"]["pytorch"]):
             yield Finding("HVD_TORCH_CXX17", INFO, "horovod.version",

@@ -11,3 +11,6 @@ MANIFEST_IN_IMAGE = f"{PREFIX}/manifest.json"   # the in-image copy of the outpu
 SMOKE_DIR = "envbuilder_smoke"                  # the suite's folder in the build context and the image
 VENV = "/opt/venv"                              # the image's Python environment
 CONDA_PREFIX = "/opt/conda"                     # conda packages (micromamba), when the spec has any
+VERIFY_MANIFEST = f"{PREFIX}/verify-manifest.json"  # `verify` mounts the folder's manifest here
+SUITE_MODULE = "envbuilder_smoke"               # `python -m` name of the suite inside an image
+HOST_MODULE = "envbuilder.smoke"                # the same suite from a checkout (host runtime)

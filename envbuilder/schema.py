@@ -10,6 +10,7 @@ from .errors import EnvbuilderError
 
 from .quoting import CONTROL_RE, IMAGE_REF_RE
 from .redact import has_url_credentials, redact_url
+from .runtimes import JOB_RUNTIMES
 
 # Every pattern is used with re.fullmatch (Python's `$` also matches before a final newline)
 # and written so that no two branches can match the same text (linear time on any input).
@@ -70,7 +71,7 @@ def strlist(doc, **kw):
 
 FRAMEWORKS = ("tensorflow", "tensorflow-cpu", "intel-tensorflow", "pytorch")
 HOROVOD_OPS = ("nccl", "mpi", "gloo")
-RUNTIMES = ("apptainer", "singularity", "charliecloud", "pyxis", "host")
+RUNTIMES = JOB_RUNTIMES     # the registry in runtimes/__init__.py decides which exist
 MONITORS = ("tensorboard", "timeline")
 DISTRIBUTED = ("horovod", "torch", "tf-multiworker", "none")
 TORCH_BACKENDS = ("nccl", "gloo", "mpi")

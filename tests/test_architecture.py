@@ -144,3 +144,42 @@ def test_only_the_cli_layer_knows_argparse():
                 if any(p.arg == "args" for p in params):
                     bad.append(f"{module}.{node.name} takes `args`")
     assert not bad, "\n".join(bad)
+
+
+def test_runtime_names_are_dispatched_only_in_the_registry():
+    """A runtime is one class in envbuilder/runtimes/, created by name there: no other module
+    compares a runtime variable with a runtime's name (`rt.name == "host"`, `runtime in
+    ("docker", ...)`); it asks the runtime's class instead."""
+    from envbuilder.runtimes import REGISTRY
+
+    names = set(REGISTRY)
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        module, _ = _module_name(path)
+        if module.startswith(("envbuilder.runtimes", "envbuilder.smoke", "envbuilder.engines")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            consts = {c.value for side in sides for c in ast.walk(side)
+                      if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+            about_runtime = any("runtime" in (getattr(n, "id", "") or getattr(n, "attr", ""))
+                                for side in sides for n in ast.walk(side))
+            if about_runtime and consts & names:
+                bad.append(f"{module}:{node.lineno} compares a runtime with {sorted(consts & names)}")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_runtime_answers_for_where_it_is_offered():
+    from envbuilder.runtimes import JOB_RUNTIMES, REGISTRY, VERIFY_RUNTIMES, Runtime, runtime
+    from envbuilder.schema import RUNTIMES
+
+    assert RUNTIMES == JOB_RUNTIMES and "docker" in VERIFY_RUNTIMES and "docker" not in JOB_RUNTIMES
+    for name, cls in REGISTRY.items():
+        rt = runtime(name)
+        assert rt.name == name
+        if name in JOB_RUNTIMES:
+            assert type(rt).job_launch is not Runtime.job_launch and rt.job_launch(False)
+        if name in VERIFY_RUNTIMES:
+            assert type(rt).command is not Runtime.command

@@ -17,8 +17,9 @@ from conftest import run_envbuilder
 from envbuilder.errors import EnvbuilderError
 from envbuilder.verify import report as rep
 from envbuilder.verify import runner
+from envbuilder.runtimes.apptainer import apptainer_argv
 from envbuilder.verify.runner import (BEGIN_MARKER, END_MARKER, VERIFY_MANIFEST, VerifyOptions,
-                                      apptainer_argv, build_argv, parse_report, resolve_target)
+                                      build_argv, parse_report, resolve_target)
 from infra import smoke_python
 
 SMOKE_PY = smoke_python()

@@ -21,183 +21,13 @@ from __future__ import annotations
 from ..components.framework import runtime_env as framework_env
 from ..paths import MANIFEST_IN_IMAGE as IMAGE_MANIFEST, SMOKE_DIR
 from ..resolve import Stack
+from ..runtimes import Runtime, runtime as runtime_for
 from ..slurm import preflight, staging, sweeps
 from ..quoting import sbatch_value, shell_assign, shell_default, shell_word
 from .common import header
 
-
-
-# --- runtimes: how one rank enters the image ------------------------------------------------------
-
-class Runtime:
-    name = ""
-    container = True
-    image_suffix = ""
-
-    def check_image(self) -> list[str]:
-        return [
-            'if [ ! -e "$IMAGE" ]; then',
-            f'    die "image \'$IMAGE\' not found (set ENVBUILDER_IMAGE or cluster.image_path; {self.hint})"',
-            "fi",
-        ]
-
-    hint = ""
-
-    def bind_args(self) -> list[str]:
-        """Shell lines that turn binds[] (SRC:DST[:ro]) into runtime_args[]."""
-        return []
-
-    def launch(self, gpu: bool) -> list[str]:
-        """Lines that set launch[]: what srun runs on every rank before the command."""
-        raise NotImplementedError
-
-    srun_extra = ""
-
-    def cleanup(self) -> list[str]:
-        """Lines of cleanup() run before the node-local folders go."""
-        return []
-
-
-# charliecloud with a .sif (envbuilder build --sif): ch-run cannot read a SIF, but its SquashFS
-# partition, mounted read-only at its byte offset (squashfuse), is an image directory. The
-# offset comes from the SIF's descriptors (layout: envbuilder/sif/layout.py): the used object
-# of data type 0x4004 (partition) whose partition type is 2 (primary system).
-SIF_MOUNT = [
-    "# A .sif: mount its SquashFS partition on this node for the job's length (squashfuse)",
-    "sif_partition_offset() {",
-    "    local f=$1 doff total i d",
-    '    doff=$(od -An -t d8 -j 96 -N 8 "$f" | tr -d " ")',
-    '    total=$(od -An -t d8 -j 88 -N 8 "$f" | tr -d " ")',
-    "    for ((i = 0; i < total; i++)); do",
-    "        d=$((doff + i * 585))",
-    '        if [ "$(od -An -t d4 -j "$d" -N 4 "$f" | tr -d " ")" = 16388 ] &&',
-    '           [ "$(od -An -t u1 -j $((d + 4)) -N 1 "$f" | tr -d " ")" = 1 ] &&',
-    '           [ "$(od -An -t d4 -j $((d + 205)) -N 4 "$f" | tr -d " ")" = 2 ]; then',
-    '            od -An -t d8 -j $((d + 17)) -N 8 "$f" | tr -d " "',
-    "            return 0",
-    "        fi",
-    "    done",
-    "    return 1",
-    "}",
-    "sif_mount=",
-    'if [ -f "$IMAGE" ] && [ "$(dd if="$IMAGE" bs=1 skip=32 count=9 2>/dev/null)" = SIF_MAGIC ]; then',
-    '    if [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then',
-    '        die "a .sif under charliecloud is mounted on the first node only: use one node, a directory image (ch-convert) or apptainer"',
-    "    fi",
-    '    sif_offset=$(sif_partition_offset "$IMAGE") || die "$IMAGE has no primary SquashFS partition (rebuild: envbuilder build SPEC --sif)"',
-    '    command -v squashfuse >/dev/null || die "squashfuse is not installed (Debian package squashfuse)"',
-    '    sif_mount="$JOB_LOCAL/sif-rootfs"',
-    '    mkdir -p "$sif_mount"',
-    '    squashfuse -o offset="$sif_offset" "$IMAGE" "$sif_mount" || die "squashfuse cannot mount the partition of $IMAGE"',
-    '    note "mounted the SquashFS partition of $IMAGE at $sif_mount"',
-    '    IMAGE=$sif_mount',
-    "fi",
-]
-
-
-class Apptainer(Runtime):
-    def __init__(self, exe: str):
-        self.name = exe
-        self.image_suffix = ".sif"
-        self.hint = f"build it with: {exe} build IMAGE.sif Apptainer.def"
-
-    def bind_args(self):
-        return ['for b in "${binds[@]}"; do runtime_args+=(--bind "$b"); done']
-
-    def launch(self, gpu):
-        nv = " --nv" if gpu else ""
-        return [
-            "# No --cleanenv/--containall: srun's SLURM_*/PMIX_* variables must reach the ranks,",
-            "# and a private IPC namespace per rank would cut NCCL's shared-memory paths (F2, F4)",
-            f'launch=({self.name} exec{nv} --home "$HOME" "${{runtime_args[@]}}" "$IMAGE")',
-        ]
-
-
-class Charliecloud(Runtime):
-    name = "charliecloud"
-    hint = "convert it with: ch-convert -i docker envbuilder/NAME:TAG DIR"
-
-    def bind_args(self):
-        return SIF_MOUNT + [
-            "# ch-run binds only onto folders that exist in the image: make missing mount points",
-            "# in a directory image (it belongs to you), or stop with the folder's name (F7);",
-            "# ch-run shares the host's /tmp, so a SIF needs no bind for a same-path folder there",
-            'for b in "${binds[@]}"; do',
-            '    rest=${b#*:}; dst=${rest%%:*}',
-            '    case $dst in /tmp/*) if [ -n "$sif_mount" ] && [ "$dst" = "${b%%:*}" ]; then continue; fi ;; esac',
-            '    if [ ! -e "$IMAGE$dst" ]; then',
-            '        if [ ! -d "$IMAGE" ] || ! mkdir -p "$IMAGE$dst" 2>/dev/null; then',
-            '            die "bind destination \'$dst\' does not exist in the image $IMAGE (charliecloud cannot create it)"',
-            "        fi",
-            '        note "made mount point $dst in the image $IMAGE"',
-            "    fi",
-            '    case $rest in *:ro) note "charliecloud binds read-write: $b";; esac',
-            '    runtime_args+=(-b "${b%:ro}")',
-            "done",
-        ]
-
-    def launch(self, gpu):
-        return [
-            'if [ -n "$sif_mount" ]; then',
-            "    # a SIF is entered as `apptainer exec` enters it: its /.singularity.d/env scripts set",
-            "    # the image's environment (it has no /ch/environment for --set-env); sourced by bash,",
-            "    # not actions/exec's /bin/sh, which would drop the exported rank_main function",
-            "    # shellcheck disable=SC2016  # expanded inside the image, not here",
-            '    launch=(ch-run "${runtime_args[@]}" "$IMAGE" -- bash -c \'for s in /.singularity.d/env/*.sh; do . "$s"; done; exec "$@"\' sif-env)',
-            "else",
-            "    # --set-env: the image's own environment (PATH, its venv); the job's exports pass through",
-            '    launch=(ch-run --set-env "${runtime_args[@]}" "$IMAGE" --)',
-            "fi",
-        ]
-
-    def cleanup(self):
-        return ['    if [ -n "${sif_mount:-}" ]; then',
-                '        fusermount3 -u "$sif_mount" 2>/dev/null || fusermount -u "$sif_mount" 2>/dev/null || true',
-                "    fi"]
-
-
-class Pyxis(Runtime):
-    name = "pyxis"
-    image_suffix = ".sqsh"
-    hint = "import it with: enroot import docker://REF, or give a registry reference"
-
-    def check_image(self):
-        # a registry reference is pulled by pyxis; only a file path can be checked here
-        return [
-            'case $IMAGE in',
-            '    /*|./*)',
-            '        if [ ! -e "$IMAGE" ]; then',
-            f'            die "image \'$IMAGE\' not found (set ENVBUILDER_IMAGE or cluster.image_path; {self.hint})"',
-            "        fi ;;",
-            "esac",
-        ]
-
-    def bind_args(self):
-        return ['mounts=$(IFS=,; echo "${binds[*]}")',
-                'runtime_args+=(--container-image="$IMAGE" --container-mounts="$mounts" --no-container-mount-home)']
-
-    def launch(self, gpu):
-        return ["# pyxis: srun itself enters the container; the rank set-up runs inside it (bash)",
-                "launch=()"]
-
-    srun_extra = ' "${runtime_args[@]}"'
-
-
-class Host(Runtime):
-    name = "host"
-    container = False
-
-    def check_image(self):
-        return []
-
-    def launch(self, gpu):
-        return ["launch=()"]
-
-
-def runtime_for(name: str) -> Runtime:
-    if name in ("apptainer", "singularity"):
-        return Apptainer(name)
-    return {"charliecloud": Charliecloud, "pyxis": Pyxis, "host": Host}[name]()
+# The runtimes (how one rank enters the image) are classes in envbuilder/runtimes/, one file each;
+# this module asks one for its job_* lines.
 
 
 # --- facts the script needs ---------------------------------------------------------------------
@@ -295,7 +125,7 @@ def _paths(stack: Stack, rt: Runtime, combos: list[dict]) -> list[str]:
     ]
     if rt.container:
         out.append(f'IMAGE="${{ENVBUILDER_IMAGE:-{_image_default(stack, rt)}}}"')
-        out += rt.check_image()
+        out += rt.job_check_image()
     if combos:
         out.append('OUTPUT_DIR="${OUTPUT_DIR:-$JOB_DIR/runs/${SLURM_ARRAY_JOB_ID:-local}}/'
                    'task-${SLURM_ARRAY_TASK_ID:-0}"')
@@ -382,7 +212,7 @@ def _environment(stack: Stack, rt: Runtime) -> list[str]:
         'MASTER_ADDR="${MASTER_ADDR:-$(hostname)}"',
         'export MASTER_ADDR MASTER_PORT=$((20000 + ${SLURM_JOB_ID:-0} % 20000))',
     ]
-    if rt.name == "host":
+    if not rt.container:           # the host runtime: the nodes' own software
         out += _host_env(stack)
     return out
 
@@ -437,7 +267,7 @@ def _binds(stack: Stack, rt: Runtime) -> list[str]:
     out += staging.check_lines(stack)
     if rt.container:
         out.append("runtime_args=()")
-        out += rt.bind_args()
+        out += rt.job_bind_args()
     return out
 
 
@@ -497,13 +327,13 @@ def _launch(stack: Stack, rt: Runtime, pmi: str) -> list[str]:
     cl, spec = stack.spec.cluster, stack.spec
     gpu_bind = " --gpu-bind=none" if cl.gpus_per_node else ""
     out = [""]
-    out += rt.launch(spec.cuda is not None)
+    out += rt.job_launch(spec.cuda is not None)
     out += [
         "",
         "# Node set-up step, then cleaning up the node-local folders when the job ends",
         'cleanup() {',
         '    if [ -n "$tb_pid" ]; then kill "$tb_pid" 2>/dev/null || true; fi',
-        *rt.cleanup(),
+        *rt.job_cleanup(),
         '    srun --overlap --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none \\',
         '        rm -rf "$JOB_LOCAL" || true',
         "}",

@@ -17,6 +17,8 @@ from ..errors import EXIT_CHECK_FAILED, EXIT_OK, EnvbuilderError
 from . import report as rep
 from .slurm import SlurmRequest, add_slurm_arguments, run_slurm
 from ..output import write_atomic
+from ..runtimes import VERIFY_DEFAULT, for_target, runtime
+from ..runtimes.sif import SifCharliecloud
 from .runner import RUNTIMES, Outcome, Target, VerifyOptions, resolve_target, run_suite
 
 
@@ -28,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="image to run: docker tag (default: the manifest's image.tag), .sif file "
                              "(apptainer; without Apptainer: charliecloud runs its SquashFS partition) "
                              "or directory/tag (charliecloud)")
-    parser.add_argument("--runtime", choices=RUNTIMES, default="docker",
+    parser.add_argument("--runtime", choices=RUNTIMES, default=VERIFY_DEFAULT,
                         help="where the suite runs (default docker); host: this machine's Python")
     parser.add_argument("--ranks", type=int, default=2, help="ranks (Horovod or torch.distributed; default 2)")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="S",
@@ -68,15 +70,12 @@ def options(args) -> VerifyOptions:
 def run_local(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
     """The suite on this machine: in a docker/apptainer/charliecloud image or the host Python."""
     target = resolve_target(args.folder, args.image, args.runtime, manifest=args.manifest)
-    from .sif_runtime import SifCharliecloud, is_sif
-
-    if args.runtime in ("docker", "charliecloud") and is_sif(target.image):
-        # a .sif without Apptainer: charliecloud runs its SquashFS partition (sif_runtime.py)
+    if isinstance(for_target(args.runtime, target.image), SifCharliecloud):
+        # a .sif without Apptainer: charliecloud runs its SquashFS partition (runtimes/sif.py)
         target.runtime = "charliecloud"
-        outcome = SifCharliecloud(target.image).run(target, opts)
-        return target, outcome, f"{target.name} (charliecloud, SIF {target.image})"
+        return target, run_suite(target, opts), f"{target.name} (charliecloud, SIF {target.image})"
     where = f"{target.name} ({args.runtime}" + (f" {target.image}" if target.image and
-                                                   args.runtime != "host" else "") + ")"
+                                                   runtime(args.runtime).container else "") + ")"
     return target, run_suite(target, opts), where
 
 
@@ -132,7 +131,7 @@ def report_outcome(args, opts: VerifyOptions, target: Target, outcome: Outcome, 
     return EXIT_CHECK_FAILED if failed else EXIT_OK
 
 
-def image_record(target: Target, runtime: str) -> dict | None:
+def image_record(target: Target, runtime_name: str) -> dict | None:
     """The build's record (<folder>/image.json: engine, image digest and ID) and, for the docker
     runtime, whether the image verified is that build (same image ID)."""
     if not target.folder or not (target.folder / "image.json").is_file():
@@ -145,12 +144,9 @@ def image_record(target: Target, runtime: str) -> dict | None:
     line = f"image: built by {record['engine']}, id {record['id']}"
     if record.get("digest"):
         line = f"image: built by {record['engine']}, digest {record['digest']}, id {record['id']}"
-    if runtime == "docker" and target.image and record.get("id"):
-        import subprocess
-
-        proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", target.image],
-                              capture_output=True, text=True)
-        ran = proc.stdout.strip() if proc.returncode == 0 else None
+    rt = runtime(runtime_name)
+    if rt.identifies_images and target.image and record.get("id"):
+        ran = rt.image_id(target.image)
         record["ran_id"] = ran
         built = {record["id"], record.get("docker_id")}       # Docker's ID of a buildah image: docker_id
         record["same_image"] = ran in built

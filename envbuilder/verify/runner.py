@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EnvbuilderError
-from ..paths import PREFIX
+from ..paths import HOST_MODULE, MANIFEST_IN_IMAGE, PREFIX, SUITE_MODULE, VERIFY_MANIFEST  # noqa: F401
+from ..runtimes import VERIFY_RUNTIMES, for_target, runtime
+from ..runtimes.charliecloud import charliecloud_dir  # noqa: F401  (verify --slurm, tests)
+from ..runtimes.docker import default_tag
 
 # Must equal envbuilder/smoke/common.py (verify imports nothing from the suite: the suite runs
 # in the image, verify on the host).
@@ -28,11 +27,8 @@ END_MARKER = "=====ENVBUILDER-SMOKE-REPORT-END====="
 REPORT_SCHEMA = "envbuilder.smoke-report/1"
 
 IMAGE_PREFIX = PREFIX
-IMAGE_MANIFEST = f"{IMAGE_PREFIX}/manifest.json"
-VERIFY_MANIFEST = f"{IMAGE_PREFIX}/verify-manifest.json"   # the folder's manifest, mounted
-SUITE_MODULE = "envbuilder_smoke"
-HOST_MODULE = "envbuilder.smoke"
-RUNTIMES = ("docker", "apptainer", "charliecloud", "host")
+IMAGE_MANIFEST = MANIFEST_IN_IMAGE
+RUNTIMES = VERIFY_RUNTIMES          # runtimes/__init__.py: each one is a class there
 
 
 @dataclass
@@ -69,13 +65,6 @@ def read_manifest(path: Path, field_name: str = "FOLDER") -> dict:
     return data
 
 
-def default_tag(manifest: dict) -> str:
-    image = manifest.get("image")
-    if isinstance(image, dict) and image.get("tag"):
-        return str(image["tag"])
-    return f"envbuilder/{manifest.get('name', 'image')}:latest"
-
-
 def find_folder(cwd: Path) -> Path | None:
     """No FOLDER and no --image: ./manifest.json, or the only images/<name>/ there is."""
     if (cwd / "manifest.json").is_file():
@@ -90,12 +79,12 @@ def find_folder(cwd: Path) -> Path | None:
     return None
 
 
-def resolve_target(folder: str | None, image: str | None, runtime: str,
+def resolve_target(folder: str | None, image: str | None, runtime_name: str,
                    manifest: str | None = None, cwd: Path | None = None) -> Target:
-    if runtime not in RUNTIMES:
-        raise EnvbuilderError("--runtime", f"unknown runtime {runtime!r}", "one of " + ", ".join(RUNTIMES))
+    if runtime_name not in RUNTIMES:
+        raise EnvbuilderError("--runtime", f"unknown runtime {runtime_name!r}", "one of " + ", ".join(RUNTIMES))
     cwd = cwd or Path.cwd()
-    t = Target(runtime=runtime, image=image)
+    t = Target(runtime=runtime_name, image=image)
     if manifest:
         t.manifest_path = Path(manifest).resolve()
         t.manifest = read_manifest(t.manifest_path, "--manifest")
@@ -129,18 +118,13 @@ def resolve_target(folder: str | None, image: str | None, runtime: str,
         t.folder = found.resolve()
         t.manifest_path = t.folder / "manifest.json"
         t.manifest = read_manifest(t.manifest_path)
-    if runtime == "host":
+    if not runtime(runtime_name).container:          # the host: its Python runs the suite
         if not t.manifest_path:
             raise EnvbuilderError("--runtime host", "the host runtime needs a manifest to compare with",
                                   "give FOLDER (holding manifest.json) or --manifest FILE")
         return t
     if not t.image:
-        if runtime == "docker":
-            t.image = default_tag(t.manifest)
-        elif runtime == "apptainer":
-            t.image = str((t.folder or cwd) / f"{t.manifest.get('name', 'image')}.sif")
-        elif runtime == "charliecloud":
-            t.image = default_tag(t.manifest)   # converted from the docker image
+        t.image = runtime(runtime_name).default_image(t.manifest, t.folder, cwd)
     return t
 
 
@@ -156,47 +140,6 @@ def suite_args(ranks: int, timeout: float, manifest_in_image: str | None, launch
 
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
-
-
-def docker_argv(image: str, suite: list[str], *, name: str | None = None,
-                manifest_path: Path | None = None, gpus: bool = False,
-                docker: str = "docker", python: str = "python") -> list[str]:
-    argv = [docker, "run", "--rm", "--shm-size=1g"]
-    if name:
-        argv += ["--name", name]
-    if gpus:
-        argv += ["--gpus", "all"]
-    if manifest_path:
-        argv += ["-v", f"{manifest_path}:{VERIFY_MANIFEST}:ro"]
-    return argv + [image, python, "-m", SUITE_MODULE] + suite
-
-
-def apptainer_argv(image: str, suite: list[str], *, manifest_path: Path | None = None,
-                   apptainer: str = "apptainer", python: str = "python") -> list[str]:
-    """`apptainer exec --nv IMAGE.sif python -m envbuilder_smoke ...` (what verify runs)."""
-    argv = [apptainer, "exec", "--nv"]
-    if manifest_path:
-        argv += ["--bind", f"{manifest_path}:{VERIFY_MANIFEST}:ro"]
-    return argv + [image, python, "-m", SUITE_MODULE] + suite
-
-
-def charliecloud_argv(directory: str, suite: list[str], *, python: str = "python",
-                      ch_run: str = "ch-run") -> list[str]:
-    # bare --set-env: the image's own environment (PATH to its venv, LANG, ...), as docker has it
-    return [ch_run, "--set-env", "--set-env=PYTHONNOUSERSITE=1", directory, "--", python, "-m",
-            SUITE_MODULE] + suite
-
-
-def host_argv(python: str, suite: list[str]) -> list[str]:
-    return [python, "-m", HOST_MODULE] + suite
-
-
-def host_env() -> dict:
-    """The host runtime imports envbuilder.smoke from this checkout, whatever the interpreter."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
 
 
 # ----------------------------------------------------------------------------- running
@@ -305,67 +248,6 @@ def execute(argv: list[str], *, timeout: float, env: dict | None = None,
     return o
 
 
-def _docker_cli() -> str:
-    exe = shutil.which("docker")
-    if not exe:
-        raise EnvbuilderError("--runtime docker", "the docker CLI is not on PATH",
-                              "install docker (apt-get install docker.io) and start the engine, "
-                              "or use --runtime host|apptainer|charliecloud")
-    return exe
-
-
-def _docker_image_exists(docker: str, image: str) -> None:
-    try:
-        proc = subprocess.run([docker, "image", "inspect", "--format", "{{.Id}}", image],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60, text=True)
-    except subprocess.TimeoutExpired:
-        raise EnvbuilderError("--runtime docker", "the Docker engine did not answer within 60 s",
-                              "start it (dockerd) and retry")
-    if proc.returncode == 0:
-        return
-    err = proc.stderr.strip()
-    if "Cannot connect" in err or "daemon" in err.lower() and "running" in err.lower():
-        raise EnvbuilderError("--runtime docker", f"the Docker engine is not reachable ({err.splitlines()[0]})",
-                              "start it (dockerd, or .ci/start-docker.sh) and retry")
-    raise EnvbuilderError("--image", f"image {image} not found in the Docker engine",
-                          "build it first: envbuilder build SPEC (or give --image REF)")
-
-
-def docker_image_id(docker: str, image: str) -> str:
-    proc = subprocess.run([docker, "image", "inspect", "--format", "{{.Id}}", image],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60, text=True)
-    return proc.stdout.strip().split(":")[-1]
-
-
-def charliecloud_dir(image: str, cache: Path | None = None) -> tuple[str, bool]:
-    """A directory image for ch-run: IMAGE itself when it is one, else ch-convert'ed from the
-    Docker image (cached by image id). Returns (directory, owned_by_us)."""
-    if os.path.isdir(image):
-        return image, False
-    ch_convert = shutil.which("ch-convert")
-    if not ch_convert:
-        raise EnvbuilderError("--runtime charliecloud", "ch-convert is not on PATH",
-                              "install charliecloud (apt-get install charliecloud) or give "
-                              "--image DIR (an unpacked image)")
-    docker = _docker_cli()
-    _docker_image_exists(docker, image)
-    cache = cache or Path(os.environ.get("ENVBUILDER_CH_CACHE", "/var/tmp/envbuilder-charliecloud"))
-    cache.mkdir(parents=True, exist_ok=True)
-    ident = docker_image_id(docker, image)[:16] or re.sub(r"[^A-Za-z0-9_.-]", "_", image)
-    target = cache / ident
-    if (target / "opt").is_dir():
-        return str(target), True
-    tmp = cache / f".{ident}.{uuid.uuid4().hex[:6]}"
-    proc = subprocess.run([ch_convert, "-i", "docker", image, str(tmp)], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=1800)
-    if proc.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise EnvbuilderError("ch-convert", f"converting {image} failed: "
-                              + "\n".join(proc.stdout.strip().splitlines()[-5:]), exit_code=EXIT_CHECK_FAILED)
-    os.replace(tmp, target)
-    return str(target), True
-
-
 @dataclass
 class VerifyOptions:
     ranks: int = 2
@@ -387,94 +269,29 @@ def total_timeout(opts: VerifyOptions) -> float:
     return max(600.0, opts.timeout * 10)
 
 
-def build_argv(t: Target, opts: VerifyOptions, *, container_name: str | None = None,
-               ch_directory: str | None = None, ch_manifest: bool = False
-               ) -> tuple[list[str], dict | None]:
-    """The command line verify runs for TARGET (and the environment, None = inherit)."""
+def build_argv(t: Target, opts: VerifyOptions, **how) -> tuple[list[str], dict | None]:
+    """The command line verify runs for TARGET (and the environment, None = inherit); HOW: what
+    a runtime's preparation decided (docker: container_name; charliecloud: ch_directory, ch_manifest)."""
+    return runtime(t.runtime).command(t, opts, suite_for(opts), **how)
+
+
+def suite_for(opts: VerifyOptions):
+    """The suite's arguments, given where the manifest to compare with is inside the image."""
     extra = ["--no-gpu"] if opts.no_gpu else []
-    if t.runtime == "host":
-        suite = suite_args(opts.ranks, opts.timeout, str(t.manifest_path), opts.launcher, extra)
-        return host_argv(opts.python or sys.executable, suite), host_env()
-    mounted = t.manifest_path if t.manifest_path else None
-    in_image = VERIFY_MANIFEST if mounted else None
-    py = opts.python or "python"
-    if t.runtime == "docker":
-        suite = suite_args(opts.ranks, opts.timeout, in_image, opts.launcher, extra)
-        return docker_argv(t.image, suite, name=container_name, manifest_path=mounted, gpus=opts.gpus,
-                           docker=shutil.which("docker") or "docker", python=py), None
-    if t.runtime == "apptainer":
-        suite = suite_args(opts.ranks, opts.timeout, in_image, opts.launcher, extra)
-        exe = shutil.which("apptainer") or shutil.which("singularity") or "apptainer"
-        return apptainer_argv(t.image, suite, manifest_path=mounted, apptainer=exe, python=py), None
-    if t.runtime == "charliecloud":
-        directory = ch_directory or t.image
-        # ch-run binds nothing by default: the folder's manifest is copied into the directory
-        # image verify converted (a user's own directory keeps its manifest)
-        manifest_arg = VERIFY_MANIFEST if ch_manifest else None
-        suite = suite_args(opts.ranks, opts.timeout, manifest_arg, opts.launcher, extra)
-        env = dict(os.environ)
-        env.setdefault("USER", "root" if os.geteuid() == 0 else str(os.geteuid()))
-        return charliecloud_argv(directory, suite, python=py), env
-    raise EnvbuilderError("--runtime", f"unknown runtime {t.runtime!r}")
+    return lambda manifest_in_image: suite_args(opts.ranks, opts.timeout, manifest_in_image, opts.launcher, extra)
 
 
 def run_suite(t: Target, opts: VerifyOptions) -> Outcome:
-    """Run the suite for TARGET; raise EnvbuilderError (exit 2) when it cannot start at all."""
-    limit = total_timeout(opts)
-    if t.runtime == "host":
-        argv, env = build_argv(t, opts)
-        if not (os.path.isfile(argv[0]) or shutil.which(argv[0])):
-            raise EnvbuilderError("--python", f"{argv[0]} not found", "give an existing interpreter")
-        return execute(argv, timeout=limit, env=env, echo_stderr=opts.echo_stderr)
-    if t.runtime == "docker":
-        docker = _docker_cli()
-        _docker_image_exists(docker, t.image)
-        name = f"envbuilder-verify-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        argv, env = build_argv(t, opts, container_name=name)
-
-        def kill():
-            subprocess.run([docker, "rm", "-f", name], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=60)
-        try:
-            return execute(argv, timeout=limit, env=env, on_timeout=kill, echo_stderr=opts.echo_stderr)
-        finally:
-            if _container_exists(docker, name):
-                kill()
-    if t.runtime == "apptainer":
-        argv, env = build_argv(t, opts)
-        if not (shutil.which("apptainer") or shutil.which("singularity")):
-            raise EnvbuilderError("--runtime apptainer", "apptainer (or singularity) is not installed "
-                                  "on this machine; on one that has it, verify runs:\n  "
-                                  + " ".join(shlex.quote(a) for a in argv),
-                                  "run that command on a cluster node, or use --runtime docker|host")
-        if not os.path.exists(t.image):
-            raise EnvbuilderError("--image", f"{t.image} does not exist",
-                                  "build it: apptainer build IMAGE.sif Apptainer.def (or give --image)")
-        return execute(argv, timeout=limit, env=env, echo_stderr=opts.echo_stderr)
-    if t.runtime == "charliecloud":
-        if not shutil.which("ch-run"):
-            raise EnvbuilderError("--runtime charliecloud", "ch-run is not on PATH",
-                                  "install charliecloud (apt-get install charliecloud)")
-        directory, owned = charliecloud_dir(t.image)
-        if owned and t.manifest_path:
-            dst = Path(directory) / VERIFY_MANIFEST.lstrip("/")
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(t.manifest_path, dst)
-        argv, env = build_argv(t, opts, ch_directory=directory,
-                               ch_manifest=bool(owned and t.manifest_path))
-        return execute(argv, timeout=limit, env=env, echo_stderr=opts.echo_stderr)
-    raise EnvbuilderError("--runtime", f"unknown runtime {t.runtime!r}")
-
-
-def _container_exists(docker: str, name: str) -> bool:
-    try:
-        proc = subprocess.run([docker, "container", "inspect", name], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return proc.returncode == 0
+    """Run the suite for TARGET with its runtime (runtimes/); raise EnvbuilderError (exit 2) when
+    it cannot start at all."""
+    rt = for_target(t.runtime, t.image)
+    with rt.session(t, opts, suite_for(opts)) as launch:
+        outcome = execute(launch.argv, timeout=total_timeout(opts), env=launch.env,
+                          on_timeout=launch.on_timeout, echo_stderr=opts.echo_stderr)
+    if outcome.report is not None:
+        rt.annotate(outcome.report)
+    return outcome
 
 
 __all__ = ["Target", "VerifyOptions", "Outcome", "resolve_target", "build_argv", "run_suite",
-           "parse_report", "docker_argv", "apptainer_argv", "charliecloud_argv", "host_argv",
-           "default_tag", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED"]
+           "parse_report", "default_tag", "EXIT_BAD_INPUT", "EXIT_CHECK_FAILED"]

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from ..errors import EXIT_CHECK_FAILED, EnvbuilderError
 from ..slurm.collect import collect
-from .runner import (Outcome, Target, VerifyOptions, charliecloud_dir, default_tag,
-                             resolve_target, total_timeout)
+from ..runtimes import VERIFY_DEFAULT, runtime as runtime_of
+from .runner import Outcome, Target, VerifyOptions, resolve_target, total_timeout
 
 HEADER_RE = re.compile(r"^# Slurm job for \S+ \((\w+) runtime\)$", re.M)
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -38,7 +38,7 @@ class SlurmRequest:
     folder: str | None = None                # the output folder that holds job.sbatch
     manifest: str | None = None
     image: str | None = None
-    runtime: str = "docker"                  # docker: verify's default, i.e. "the job's own"
+    runtime: str = VERIFY_DEFAULT            # verify's default, i.e. "the job's own"
     nodes: int = 1
     partition: str | None = None
     account: str | None = None
@@ -127,12 +127,6 @@ def wait(job_id: str, limit: float, echo) -> tuple[dict, bool]:
         time.sleep(POLL_S)
 
 
-def _venv_of(python: str) -> str | None:
-    """The virtual environment a --python interpreter belongs to (its bin/ goes on PATH)."""
-    root = Path(python).absolute().parent.parent
-    return str(root) if (root / "pyvenv.cfg").is_file() else None
-
-
 def run_slurm(req: SlurmRequest, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
     """verify --slurm: (target, outcome, where) for verify's own reporting; the target's runtime
     is the job script's."""
@@ -147,7 +141,7 @@ def run_slurm(req: SlurmRequest, opts: VerifyOptions) -> tuple[Target, Outcome, 
                               "(it holds job.sbatch)", "envbuilder verify images/<name> --slurm")
     script = t.folder / "job.sbatch"
     runtime = job_runtime(script)
-    if req.runtime not in ("docker", runtime):   # docker: verify's default, i.e. not asked
+    if req.runtime not in (VERIFY_DEFAULT, runtime):   # verify's default, i.e. not asked
         raise EnvbuilderError("--runtime", f"{script} runs the {runtime} runtime, not {req.runtime}",
                               f"rewrite it: envbuilder build SPEC --no-build --runtime {req.runtime}")
     t.runtime = runtime             # what verify's report and headline name
@@ -157,26 +151,7 @@ def run_slurm(req: SlurmRequest, opts: VerifyOptions) -> tuple[Target, Outcome, 
     for var in ("OUTPUT_DIR", "ENVBUILDER_IMAGE", "ENVBUILDER_VENV", "SLURM_JOB_ID"):
         env.pop(var, None)
     env["ENVBUILDER_DIR"] = str(t.folder)
-    if runtime == "host":
-        python = opts.python or sys.executable
-        venv = _venv_of(python)
-        if venv:
-            env["ENVBUILDER_VENV"] = venv
-        else:
-            env["PATH"] = str(Path(python).absolute().parent) + os.pathsep + env.get("PATH", "")
-        t.image = None
-    elif runtime == "charliecloud":
-        from .sif_runtime import is_sif
-
-        if is_sif(req.image):        # the job mounts the SIF's SquashFS partition itself
-            t.image = str(Path(req.image).resolve())
-        else:
-            t.image, _owned = charliecloud_dir(req.image or default_tag(t.manifest))
-        env["ENVBUILDER_IMAGE"] = t.image
-    else:
-        t.image = req.image
-        if t.image:
-            env["ENVBUILDER_IMAGE"] = t.image
+    runtime_of(runtime).slurm_env(t, req.image, opts, env)     # runtimes/: the image and its variables
 
     runs = t.folder / "runs"
     out_dir = runs / f"verify-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"

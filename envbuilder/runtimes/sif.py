@@ -1,5 +1,5 @@
-"""verify's runtime for a .sif without Apptainer: charliecloud runs the smoke suite from the
-SIF's own SquashFS partition (mounted at its byte offset by squashfuse), entering through
+"""A .sif without Apptainer (verify only): charliecloud runs the smoke suite from the SIF's own
+SquashFS partition (mounted at its byte offset by squashfuse), entering through
 /.singularity.d/actions/exec, so the image's environment comes from the SIF's env scripts as
 `apptainer exec` would take it, not from Docker's config.
 
@@ -13,11 +13,13 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import EnvbuilderError
+from ..paths import SUITE_MODULE
 from ..sif import check, layout
-from .runner import SUITE_MODULE, Outcome, Target, VerifyOptions, execute, suite_args, total_timeout
+from .base import Launch, Runtime, user_env
 
 ENTRY = "/.singularity.d/actions/exec"
 
@@ -32,28 +34,32 @@ def is_sif(path: str | None) -> bool:
         return False
 
 
-class SifCharliecloud:
-    """A SIF run by charliecloud: structure first (siftool), then the suite in the partition."""
+class SifCharliecloud(Runtime):
+    """A SIF run by charliecloud: structure first (siftool), then the suite in the partition.
+    Reported as the charliecloud runtime; chosen by runtimes.for_target when the image is a SIF."""
 
     name = "charliecloud"
+    in_verify = True
 
-    def __init__(self, sif: str):
-        self.sif = Path(sif)
+    def __init__(self, sif: str | None = None):
+        self.sif = Path(sif) if sif else None
+        self.info: dict | None = None
 
-    def argv(self, root: Path, opts: VerifyOptions, manifest: str | None) -> list[str]:
-        extra = ["--require-gpu"] if opts.require_gpu else []
-        suite = suite_args(opts.ranks, opts.timeout, manifest, opts.launcher, extra)
+    def argv(self, root: Path, opts, suite, manifest: str | None) -> list[str]:
+        args = [a for a in suite(manifest) if a != "--no-gpu"] + (["--require-gpu"] if opts.require_gpu else [])
         return (["ch-run", "--set-env=PYTHONNOUSERSITE=1", str(root), "--", ENTRY, opts.python or "python",
-                 "-m", SUITE_MODULE] + suite)
+                 "-m", SUITE_MODULE] + args)
 
-    def run(self, t: Target, opts: VerifyOptions) -> Outcome:
+    @contextmanager
+    def session(self, t, opts, suite):
         if not shutil.which("ch-run"):
             raise EnvbuilderError("--runtime charliecloud", "ch-run is not on PATH",
                                   "install charliecloud (apt-get install charliecloud)")
-        info = check.structure(self.sif)
+        sif = self.sif or Path(t.image)
+        self.info = info = check.structure(sif)
         # what to compare with: the folder's manifest, else the one the SIF carries as an object;
         # ch-run binds the host's /tmp, so a file there is seen at the same path inside
-        expected = json.loads(t.manifest_path.read_text()) if t.manifest_path else check.embedded_manifest(self.sif)
+        expected = json.loads(t.manifest_path.read_text()) if t.manifest_path else check.embedded_manifest(sif)
         if expected and not t.manifest:
             t.manifest = expected
         share = Path(tempfile.mkdtemp(prefix="envbuilder-sif-verify-", dir="/tmp"))
@@ -62,13 +68,11 @@ class SifCharliecloud:
             if expected:
                 (share / "manifest.json").write_text(json.dumps(expected))
                 manifest = str(share / "manifest.json")
-            env = dict(os.environ)
-            env.setdefault("USER", "root" if os.geteuid() == 0 else str(os.geteuid()))
-            with check.mounted(self.sif, info["partition"]["offset"]) as root:
-                outcome = execute(self.argv(root, opts, manifest), timeout=total_timeout(opts), env=env,
-                                  echo_stderr=opts.echo_stderr)
+            with check.mounted(sif, info["partition"]["offset"]) as root:
+                yield Launch(self.argv(root, opts, suite, manifest), user_env())
         finally:
             shutil.rmtree(share, ignore_errors=True)
-        if outcome.report is not None:
-            outcome.report["sif"] = {k: v for k, v in info.items() if k != "siftool_list"}
-        return outcome
+
+    def annotate(self, report):
+        if self.info is not None:
+            report["sif"] = {k: v for k, v in self.info.items() if k != "siftool_list"}

@@ -1,0 +1,74 @@
+"""apptainer and singularity (SingularityCE): a .sif per image, entered with `exec`."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import EnvbuilderError
+from ..paths import SUITE_MODULE, VERIFY_MANIFEST
+from .base import Launch, Runtime
+
+
+def apptainer_argv(image: str, suite: list[str], *, manifest_path: Path | None = None,
+                   apptainer: str = "apptainer", python: str = "python") -> list[str]:
+    """`apptainer exec --nv IMAGE.sif python -m envbuilder_smoke ...` (what verify runs)."""
+    argv = [apptainer, "exec", "--nv"]
+    if manifest_path:
+        argv += ["--bind", f"{manifest_path}:{VERIFY_MANIFEST}:ro"]
+    return argv + [image, python, "-m", SUITE_MODULE] + suite
+
+
+class Apptainer(Runtime):
+    name = "apptainer"
+    in_job = True
+    in_verify = True
+    image_suffix = ".sif"
+
+    @property
+    def hint(self) -> str:
+        return f"build it with: {self.name} build IMAGE.sif Apptainer.def"
+
+    def default_image(self, manifest, folder, cwd):
+        return str((folder or cwd) / f"{manifest.get('name', 'image')}.sif")
+
+    def command(self, t, opts, suite, **how):
+        mounted = t.manifest_path or None
+        exe = shutil.which("apptainer") or shutil.which("singularity") or "apptainer"
+        return apptainer_argv(t.image, suite(VERIFY_MANIFEST if mounted else None), manifest_path=mounted,
+                              apptainer=exe, python=opts.python or "python"), None
+
+    @contextmanager
+    def session(self, t, opts, suite):
+        argv, env = self.command(t, opts, suite)
+        if not (shutil.which("apptainer") or shutil.which("singularity")):
+            raise EnvbuilderError("--runtime apptainer", "apptainer (or singularity) is not installed "
+                                  "on this machine; on one that has it, verify runs:\n  "
+                                  + " ".join(shlex.quote(a) for a in argv),
+                                  "run that command on a cluster node, or use --runtime docker|host")
+        if not os.path.exists(t.image):
+            raise EnvbuilderError("--image", f"{t.image} does not exist",
+                                  "build it: apptainer build IMAGE.sif Apptainer.def (or give --image)")
+        yield Launch(argv, env)
+
+    def job_bind_args(self):
+        return ['for b in "${binds[@]}"; do runtime_args+=(--bind "$b"); done']
+
+    def job_launch(self, gpu):
+        nv = " --nv" if gpu else ""
+        return [
+            "# No --cleanenv/--containall: srun's SLURM_*/PMIX_* variables must reach the ranks,",
+            "# and a private IPC namespace per rank would cut NCCL's shared-memory paths (F2, F4)",
+            f'launch=({self.name} exec{nv} --home "$HOME" "${{runtime_args[@]}}" "$IMAGE")',
+        ]
+
+
+class Singularity(Apptainer):
+    """SingularityCE: Apptainer's command line under its older name (job.sbatch only; verify's
+    apptainer runtime takes whichever of the two is installed)."""
+
+    name = "singularity"
+    in_verify = False

@@ -1,0 +1,169 @@
+"""charliecloud: an unpacked image directory run by ch-run (unprivileged), or, for a .sif, its
+SquashFS partition mounted by squashfuse (runtimes/sif.py runs that for verify)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import EXIT_CHECK_FAILED, EnvbuilderError
+from ..paths import SUITE_MODULE, VERIFY_MANIFEST
+from .base import Launch, Runtime, user_env
+from .docker import default_tag, docker_cli, docker_image_id, require_image
+from .sif import is_sif
+
+# charliecloud with a .sif (envbuilder build --sif): ch-run cannot read a SIF, but its SquashFS
+# partition, mounted read-only at its byte offset (squashfuse), is an image directory. The
+# offset comes from the SIF's descriptors (layout: envbuilder/sif/layout.py): the used object
+# of data type 0x4004 (partition) whose partition type is 2 (primary system).
+SIF_MOUNT = [
+    "# A .sif: mount its SquashFS partition on this node for the job's length (squashfuse)",
+    "sif_partition_offset() {",
+    "    local f=$1 doff total i d",
+    '    doff=$(od -An -t d8 -j 96 -N 8 "$f" | tr -d " ")',
+    '    total=$(od -An -t d8 -j 88 -N 8 "$f" | tr -d " ")',
+    "    for ((i = 0; i < total; i++)); do",
+    "        d=$((doff + i * 585))",
+    '        if [ "$(od -An -t d4 -j "$d" -N 4 "$f" | tr -d " ")" = 16388 ] &&',
+    '           [ "$(od -An -t u1 -j $((d + 4)) -N 1 "$f" | tr -d " ")" = 1 ] &&',
+    '           [ "$(od -An -t d4 -j $((d + 205)) -N 4 "$f" | tr -d " ")" = 2 ]; then',
+    '            od -An -t d8 -j $((d + 17)) -N 8 "$f" | tr -d " "',
+    "            return 0",
+    "        fi",
+    "    done",
+    "    return 1",
+    "}",
+    "sif_mount=",
+    'if [ -f "$IMAGE" ] && [ "$(dd if="$IMAGE" bs=1 skip=32 count=9 2>/dev/null)" = SIF_MAGIC ]; then',
+    '    if [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then',
+    '        die "a .sif under charliecloud is mounted on the first node only: use one node, a directory image (ch-convert) or apptainer"',
+    "    fi",
+    '    sif_offset=$(sif_partition_offset "$IMAGE") || die "$IMAGE has no primary SquashFS partition (rebuild: envbuilder build SPEC --sif)"',
+    '    command -v squashfuse >/dev/null || die "squashfuse is not installed (Debian package squashfuse)"',
+    '    sif_mount="$JOB_LOCAL/sif-rootfs"',
+    '    mkdir -p "$sif_mount"',
+    '    squashfuse -o offset="$sif_offset" "$IMAGE" "$sif_mount" || die "squashfuse cannot mount the partition of $IMAGE"',
+    '    note "mounted the SquashFS partition of $IMAGE at $sif_mount"',
+    '    IMAGE=$sif_mount',
+    "fi",
+]
+
+
+def charliecloud_argv(directory: str, suite: list[str], *, python: str = "python",
+                      ch_run: str = "ch-run") -> list[str]:
+    # bare --set-env: the image's own environment (PATH to its venv, LANG, ...), as docker has it
+    return [ch_run, "--set-env", "--set-env=PYTHONNOUSERSITE=1", directory, "--", python, "-m",
+            SUITE_MODULE] + suite
+
+
+def charliecloud_dir(image: str, cache: Path | None = None) -> tuple[str, bool]:
+    """A directory image for ch-run: IMAGE itself when it is one, else ch-convert'ed from the
+    Docker image (cached by image id). Returns (directory, owned_by_us)."""
+    if os.path.isdir(image):
+        return image, False
+    ch_convert = shutil.which("ch-convert")
+    if not ch_convert:
+        raise EnvbuilderError("--runtime charliecloud", "ch-convert is not on PATH",
+                              "install charliecloud (apt-get install charliecloud) or give "
+                              "--image DIR (an unpacked image)")
+    docker = docker_cli()
+    require_image(docker, image)
+    cache = cache or Path(os.environ.get("ENVBUILDER_CH_CACHE", "/var/tmp/envbuilder-charliecloud"))
+    cache.mkdir(parents=True, exist_ok=True)
+    ident = docker_image_id(docker, image)[:16] or re.sub(r"[^A-Za-z0-9_.-]", "_", image)
+    target = cache / ident
+    if (target / "opt").is_dir():
+        return str(target), True
+    tmp = cache / f".{ident}.{uuid.uuid4().hex[:6]}"
+    proc = subprocess.run([ch_convert, "-i", "docker", image, str(tmp)], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=1800)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise EnvbuilderError("ch-convert", f"converting {image} failed: "
+                              + "\n".join(proc.stdout.strip().splitlines()[-5:]), exit_code=EXIT_CHECK_FAILED)
+    os.replace(tmp, target)
+    return str(target), True
+
+
+def require_ch_run() -> None:
+    if not shutil.which("ch-run"):
+        raise EnvbuilderError("--runtime charliecloud", "ch-run is not on PATH",
+                              "install charliecloud (apt-get install charliecloud)")
+
+
+class Charliecloud(Runtime):
+    name = "charliecloud"
+    in_job = True
+    in_verify = True
+    hint = "convert it with: ch-convert -i docker envbuilder/NAME:TAG DIR"
+
+    def default_image(self, manifest, folder, cwd):
+        return default_tag(manifest)        # converted from the docker image
+
+    def command(self, t, opts, suite, ch_directory: str | None = None, ch_manifest: bool = False):
+        # ch-run binds nothing by default: the folder's manifest is copied into the directory
+        # image verify converted (a user's own directory keeps its manifest)
+        return charliecloud_argv(ch_directory or t.image, suite(VERIFY_MANIFEST if ch_manifest else None),
+                                 python=opts.python or "python"), user_env()
+
+    @contextmanager
+    def session(self, t, opts, suite):
+        require_ch_run()
+        directory, owned = charliecloud_dir(t.image)
+        if owned and t.manifest_path:
+            dst = Path(directory) / VERIFY_MANIFEST.lstrip("/")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(t.manifest_path, dst)
+        argv, env = self.command(t, opts, suite, ch_directory=directory,
+                                 ch_manifest=bool(owned and t.manifest_path))
+        yield Launch(argv, env)
+
+    def slurm_env(self, t, image, opts, env):
+        if is_sif(image):        # the job mounts the SIF's SquashFS partition itself
+            t.image = str(Path(image).resolve())
+        else:
+            t.image, _owned = charliecloud_dir(image or default_tag(t.manifest))
+        env["ENVBUILDER_IMAGE"] = t.image
+
+    def job_bind_args(self):
+        return SIF_MOUNT + [
+            "# ch-run binds only onto folders that exist in the image: make missing mount points",
+            "# in a directory image (it belongs to you), or stop with the folder's name (F7);",
+            "# ch-run shares the host's /tmp, so a SIF needs no bind for a same-path folder there",
+            'for b in "${binds[@]}"; do',
+            '    rest=${b#*:}; dst=${rest%%:*}',
+            '    case $dst in /tmp/*) if [ -n "$sif_mount" ] && [ "$dst" = "${b%%:*}" ]; then continue; fi ;; esac',
+            '    if [ ! -e "$IMAGE$dst" ]; then',
+            '        if [ ! -d "$IMAGE" ] || ! mkdir -p "$IMAGE$dst" 2>/dev/null; then',
+            '            die "bind destination \'$dst\' does not exist in the image $IMAGE (charliecloud cannot create it)"',
+            "        fi",
+            '        note "made mount point $dst in the image $IMAGE"',
+            "    fi",
+            '    case $rest in *:ro) note "charliecloud binds read-write: $b";; esac',
+            '    runtime_args+=(-b "${b%:ro}")',
+            "done",
+        ]
+
+    def job_launch(self, gpu):
+        return [
+            'if [ -n "$sif_mount" ]; then',
+            "    # a SIF is entered as `apptainer exec` enters it: its /.singularity.d/env scripts set",
+            "    # the image's environment (it has no /ch/environment for --set-env); sourced by bash,",
+            "    # not actions/exec's /bin/sh, which would drop the exported rank_main function",
+            "    # shellcheck disable=SC2016  # expanded inside the image, not here",
+            '    launch=(ch-run "${runtime_args[@]}" "$IMAGE" -- bash -c \'for s in /.singularity.d/env/*.sh; do . "$s"; done; exec "$@"\' sif-env)',
+            "else",
+            "    # --set-env: the image's own environment (PATH, its venv); the job's exports pass through",
+            '    launch=(ch-run --set-env "${runtime_args[@]}" "$IMAGE" --)',
+            "fi",
+        ]
+
+    def job_cleanup(self):
+        return ['    if [ -n "${sif_mount:-}" ]; then',
+                '        fusermount3 -u "$sif_mount" 2>/dev/null || fusermount -u "$sif_mount" 2>/dev/null || true',
+                "    fi"]

@@ -270,3 +270,17 @@ def test_no_report_is_a_failed_check_with_the_suites_last_words(tmp_path):
     assert "ImportError: no module named horovod" in r.out and "some framework noise" in r.out
     fail = ET.parse(junit).getroot().find("testsuite/testcase/failure")
     assert fail is not None and "no report" in fail.get("message")
+
+
+def test_a_sif_gets_the_same_suite_arguments_as_every_runtime(tmp_path):
+    """verify x.sif --no-gpu: the SIF runtime (runtimes/sif.py) hands the suite --no-gpu like
+    docker/apptainer/charliecloud do (before the runtime classes it dropped it)."""
+    from envbuilder.runtimes.sif import SifCharliecloud
+    from envbuilder.verify.runner import suite_for
+
+    argv = SifCharliecloud("/x.sif").argv(tmp_path, VerifyOptions(ranks=3, no_gpu=True), suite_for(
+        VerifyOptions(ranks=3, no_gpu=True)), "/tmp/m.json")
+    assert argv[:6] == ["ch-run", "--set-env=PYTHONNOUSERSITE=1", str(tmp_path), "--",
+                        "/.singularity.d/actions/exec", "python"]
+    assert "--no-gpu" in argv and argv[argv.index("--manifest") + 1] == "/tmp/m.json"
+    assert argv[argv.index("--ranks") + 1] == "3"

@@ -46,9 +46,8 @@ class SifCharliecloud(Runtime):
         self.info: dict | None = None
 
     def argv(self, root: Path, opts, suite, manifest: str | None) -> list[str]:
-        args = [a for a in suite(manifest) if a != "--no-gpu"] + (["--require-gpu"] if opts.require_gpu else [])
         return (["ch-run", "--set-env=PYTHONNOUSERSITE=1", str(root), "--", ENTRY, opts.python or "python",
-                 "-m", SUITE_MODULE] + args)
+                 "-m", SUITE_MODULE] + suite(manifest))
 
     @contextmanager
     def session(self, t, opts, suite):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from envbuilder.smoke import common, launcher, static
+from envbuilder.smoke import common, merge, plan, report, static, watch
 from envbuilder.smoke.common import version_matches
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -180,7 +180,7 @@ class _Args:
 
 
 def _run(controller="gloo", ranks=2):
-    r = launcher.Run(controller, "horovodrun", "torch", first=True)
+    r = plan.Run(controller, "horovodrun", "torch", first=True)
     r.ranks = ranks
     return r
 
@@ -197,7 +197,7 @@ def test_merge_folds_ranks_and_reports_per_rank_data():
     run = _run()
     states = {r: _state(r, [_res("horovod.init[gloo]"), _res("allreduce.exact[gloo]")], done=True)
               for r in range(2)}
-    out = {c["name"]: c for c in launcher.merge_run(run, states, {}, {})}
+    out = {c["name"]: c for c in merge.merge_run(run, states, {}, {})}
     assert out["horovod.init[gloo]"]["status"] == "pass"
     assert set(out["allreduce.exact[gloo]"]["ranks"]) == {"0", "1"}
     # checks the plan names but nobody reported: skipped, not silently dropped
@@ -208,7 +208,7 @@ def test_merge_names_the_rank_that_failed():
     run = _run()
     states = {0: _state(0, [_res("allreduce.exact[gloo]")], done=True),
               1: _state(1, [_res("allreduce.exact[gloo]", "fail", detail="element 3 wrong")], done=True)}
-    out = {c["name"]: c for c in launcher.merge_run(run, states, {}, {})}
+    out = {c["name"]: c for c in merge.merge_run(run, states, {}, {})}
     assert out["allreduce.exact[gloo]"]["status"] == "fail"
     assert out["allreduce.exact[gloo]"]["detail"] == "rank 1: element 3 wrong"
 
@@ -222,9 +222,9 @@ def test_crashed_rank_is_named_with_its_signal():
              0: {"returncode": -15, "how": "killed by SIGTERM", "terminated": True,
                  "signals_received": [15], "ended": 2.0}}
     events = {}
-    launcher._mark_crashes(run, states, exits, events)
+    watch._mark_crashes(run, states, exits, events)
     assert events[1]["kind"] == "crash" and events[0]["kind"] == "killed"
-    out = {c["name"]: c for c in launcher.merge_run(run, states, exits, events)}
+    out = {c["name"]: c for c in merge.merge_run(run, states, exits, events)}
     ar = out["allreduce.exact[gloo]"]
     assert ar["status"] == "fail" and ar["figure"] == "rank 1 crashed"
     assert "rank 1 crashed (killed by SIGSEGV) during 'allreduce.exact[gloo]'" in ar["detail"]
@@ -240,9 +240,9 @@ def test_hung_rank_is_the_one_behind():
               1: _state(1, [], running={"check": "allreduce.exact[gloo]", "phase": "computing",
                                         "since": since}, seq=8)}
     events = {}
-    launcher._mark_hung(run, states, {}, events, [0, 1], 10.0)
+    watch._mark_hung(run, states, {}, events, [0, 1], 10.0)
     assert events[1]["kind"] == "hang" and events[0]["kind"] == "waiting"
-    out = {c["name"]: c for c in launcher.merge_run(run, states, {}, events)}
+    out = {c["name"]: c for c in merge.merge_run(run, states, {}, events)}
     assert out["allreduce.exact[gloo]"]["figure"] == "rank 1 hung"
 
 
@@ -261,7 +261,7 @@ def test_operations_check_needs_built_and_used():
               {"name": "horovod.init[gloo]", "status": "pass"},
               {"name": "horovod.cpu_ops[gloo]", "status": "pass", "ranks": {"0": {"data": {"used": ["gloo"]}}}},
               {"name": "gpu.nccl_allreduce[gloo]", "status": "skip"}]
-    res = launcher.operations_check(expect, checks)
+    res = merge.operations_check(expect, checks)
     assert res["status"] == "fail"
     assert "nccl not built" in res["detail"]
     assert "mpi built; not exercised" in res["detail"] and "gloo built and used" in res["detail"]
@@ -311,10 +311,10 @@ def test_report_says_gpu_checks_were_left_out():
     from envbuilder.verify.report import headline
 
     left = [common.result("gpu.visible", common.SKIP, common.gpu_absent({"gpu": True}, True)[1])]
-    assert launcher.gpu_checks_state({"gpu": True}, left) == "left out"
+    assert report.gpu_checks_state({"gpu": True}, left) == "left out"
     failed = [common.result("gpu.visible", common.FAIL, common.gpu_absent({"gpu": True}, False)[1])]
-    assert launcher.gpu_checks_state({"gpu": True}, failed) == "not run: no GPU visible"
-    assert launcher.gpu_checks_state({"gpu": False}, []) is None
+    assert report.gpu_checks_state({"gpu": True}, failed) == "not run: no GPU visible"
+    assert report.gpu_checks_state({"gpu": False}, []) is None
     text = headline({"checks": left, "wall_s": 1.0, "gpu_checks": "left out"}, "img")
     assert text.startswith("OK without GPU checks") and "not verified on a GPU" in text
     assert headline({"checks": failed, "wall_s": 1.0}, "img").startswith("FAILED")

@@ -183,3 +183,22 @@ def test_every_runtime_answers_for_where_it_is_offered():
             assert type(rt).job_launch is not Runtime.job_launch and rt.job_launch(False)
         if name in VERIFY_RUNTIMES:
             assert type(rt).command is not Runtime.command
+
+
+def test_the_smoke_suite_imports_only_itself_and_verify_shares_its_report_format():
+    """envbuilder/smoke/ ships into the image as envbuilder_smoke: it imports nothing else of
+    envbuilder. verify reads and prints its report with the suite's own functions."""
+    bad = []
+    for path in sorted((PKG / "smoke").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.level > 1 or (node.module or "").startswith("envbuilder")):
+                bad.append(f"{path.name}:{node.lineno}")
+            elif isinstance(node, ast.Import) and any(a.name.startswith("envbuilder") for a in node.names):
+                bad.append(f"{path.name}:{node.lineno}")
+    assert not bad, bad
+    from envbuilder.smoke import common, report as suite_report
+    from envbuilder.verify import report, runner
+
+    assert runner.BEGIN_MARKER is common.BEGIN_MARKER and runner.REPORT_SCHEMA is common.REPORT_SCHEMA
+    checks = [{"name": "a", "status": "fail", "figure": "", "detail": "\n".join("l%d" % i for i in range(9))}]
+    assert report.table({"checks": checks}) == suite_report.table(checks, detail_lines=8)

@@ -268,7 +268,7 @@ def test_operations_check_needs_built_and_used():
 
 
 def test_table_shows_failure_detail():
-    text = common.format_table([_res("a", "pass", "1 ms"), _res("b", "fail", "", "rank 1 crashed")])
+    text = report.table([_res("a", "pass", "1 ms"), _res("b", "fail", "", "rank 1 crashed")])
     assert "rank 1 crashed" in text and "FAIL" in text
 
 

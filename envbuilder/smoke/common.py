@@ -282,25 +282,3 @@ def bandwidth_result(name, rows, what):
     big = rows[-1]
     return result(name, PASS, "%s: %s" % (what, "; ".join(parts)),
                   "%s @ %s" % (fmt_rate(big["busbw_GBps"] * 1e9), fmt_bytes(big["bytes"])), {"sizes": rows})
-
-
-def format_table(checks, width=None):
-    """Plain text table: check, result, figure (+ first detail line on failure)."""
-    rows = [("CHECK", "RESULT", "FIGURE")]
-    for c in checks:
-        figure = c.get("figure", "") or ""
-        if c.get("status") == SKIP and not figure and c.get("detail"):
-            figure = "(%s)" % str(c["detail"]).splitlines()[0]
-        rows.append((c.get("name", "?"), c.get("status", "?").upper(), figure))
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
-    lines = []
-    for i, r in enumerate(rows):
-        lines.append(("%s  %s  %s" % (r[0].ljust(w0), r[1].ljust(w1), r[2])).rstrip())
-        if i == 0:
-            continue
-        c = checks[i - 1]
-        if c.get("status") == FAIL and c.get("detail"):
-            for dl in str(c["detail"]).splitlines()[:6]:
-                lines.append("%s    %s" % (" " * w0, dl))
-    return "\n".join(lines)

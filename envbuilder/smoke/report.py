@@ -10,17 +10,48 @@ import time
 
 from . import __version__
 from .common import (BEGIN_MARKER, END_MARKER, FAIL, FAULT_ENV, GPU_LEFT_OUT, PASS, REPORT_SCHEMA,
-                     SKIP, format_table, result, write_text_atomic)
+                     SKIP, result, write_text_atomic)
 from .plan import distributed_kind
+
+
+def summary(checks):
+    """{pass: N, fail: N, skip: N}."""
+    return {s: sum(1 for c in checks if c.get("status") == s) for s in (PASS, FAIL, SKIP)}
+
+
+def counts_line(report):
+    s = summary(report.get("checks") or [])
+    return "%d passed, %d failed, %d skipped in %.1f s" % (s[PASS], s[FAIL], s[SKIP], report.get("wall_s") or 0)
+
+
+def table(checks, details=True, detail_lines=6):
+    """CHECK / RESULT / FIGURE, with the first DETAIL_LINES of the reason under a failed check
+    (verify prints the same table, with 8)."""
+    rows = [("CHECK", "RESULT", "FIGURE")]
+    for c in checks:
+        figure = str(c.get("figure") or "")
+        if c.get("status") == SKIP and not figure and c.get("detail"):
+            figure = "(%s)" % str(c["detail"]).splitlines()[0]
+        rows.append((str(c.get("name", "?")), str(c.get("status", "?")).upper(), figure))
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    lines = []
+    for i, r in enumerate(rows):
+        lines.append(("%s  %s  %s" % (r[0].ljust(w0), r[1].ljust(w1), r[2])).rstrip())
+        if i == 0 or not details:
+            continue
+        c = checks[i - 1]
+        if c.get("status") == FAIL and c.get("detail"):
+            for dl in str(c["detail"]).splitlines()[:detail_lines]:
+                lines.append("%s    %s" % (" " * w0, dl))
+    return "\n".join(lines)
 
 
 def emit(report, args):
     text = json.dumps(report, indent=1, sort_keys=False, default=str)
     if args.report:
         write_text_atomic(args.report, text + "\n")
-    table = format_table(report["checks"])
-    summary = "%d passed, %d failed, %d skipped in %.1f s" % (
-        report["summary"]["pass"], report["summary"]["fail"], report["summary"]["skip"], report["wall_s"])
+    summary = counts_line(report)
     if report.get("gpu_checks") == "left out":
         summary += "; " + GPU_LEFT_OUT
     if args.json:
@@ -29,7 +60,7 @@ def emit(report, args):
         if not args.quiet:
             sys.stderr.write("[smoke] %s\n" % summary)
     else:
-        sys.stdout.write(table + "\n" + summary + "\n")
+        sys.stdout.write(table(report["checks"]) + "\n" + summary + "\n")
     sys.stdout.flush()
 
 
@@ -54,7 +85,7 @@ def no_runs_result(expect):
 
 
 def finish(args, manifest, manifest_path, checks, run_records, t_start, launcher, ranks, workdir):
-    summary = {s: sum(1 for c in checks if c["status"] == s) for s in (PASS, FAIL, SKIP)}
+    counts = summary(checks)
     report = {
         "schema": REPORT_SCHEMA,
         "suite_version": __version__,
@@ -69,8 +100,8 @@ def finish(args, manifest, manifest_path, checks, run_records, t_start, launcher
         "runs": run_records,
         "started": t_start,
         "wall_s": round(time.time() - t_start, 2),
-        "ok": summary[FAIL] == 0,
-        "summary": summary,
+        "ok": counts[FAIL] == 0,
+        "summary": counts,
         "gpu_checks": gpu_checks_state(manifest["expect"], checks),
         "checks": checks,
     }

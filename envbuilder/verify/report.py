@@ -1,4 +1,6 @@
-"""verify's outputs: the table people read, JUnit XML for CI, the JSON report."""
+"""verify's outputs: the table people read, JUnit XML for CI, the JSON report. The report format
+(schema, statuses, counts, table) is the smoke suite's own (smoke/common.py, smoke/report.py):
+verify reads what the suite writes and prints it the same way."""
 
 from __future__ import annotations
 
@@ -7,32 +9,18 @@ import socket
 import time
 import xml.etree.ElementTree as ET
 
-PASS, FAIL, SKIP = "pass", "fail", "skip"
+from ..smoke import report as smoke_report
+from ..smoke.common import FAIL, PASS, REPORT_SCHEMA, SKIP
+
 
 
 def summary(report: dict) -> dict:
-    checks = report.get("checks") or []
-    return {s: sum(1 for c in checks if c.get("status") == s) for s in (PASS, FAIL, SKIP)}
+    return smoke_report.summary(report.get("checks") or [])
 
 
 def table(report: dict, *, details: bool = True) -> str:
-    """CHECK / RESULT / FIGURE, with the reason under every failed check."""
-    checks = report.get("checks") or []
-    rows = [("CHECK", "RESULT", "FIGURE")]
-    for c in checks:
-        figure = str(c.get("figure") or "")
-        if c.get("status") == SKIP and not figure and c.get("detail"):
-            figure = "(" + str(c["detail"]).splitlines()[0] + ")"
-        rows.append((str(c.get("name", "?")), str(c.get("status", "?")).upper(), figure))
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
-    lines = []
-    for i, (a, b, c) in enumerate(rows):
-        lines.append(f"{a:<{w0}}  {b:<{w1}}  {c}".rstrip())
-        if i and details and checks[i - 1].get("status") == FAIL and checks[i - 1].get("detail"):
-            for dl in str(checks[i - 1]["detail"]).splitlines()[:8]:
-                lines.append(" " * (w0 + 4) + dl)
-    return "\n".join(lines)
+    """The suite's own table (smoke/report.py), with up to 8 lines of a failed check's reason."""
+    return smoke_report.table(report.get("checks") or [], details=details, detail_lines=8)
 
 
 def headline(report: dict, where: str) -> str:
@@ -40,8 +28,7 @@ def headline(report: dict, where: str) -> str:
     verdict = "OK" if s[FAIL] == 0 else "FAILED"
     if s[FAIL] == 0 and report.get("gpu_checks") == "left out":
         verdict = "OK without GPU checks"
-    text = (f"{verdict}: {where}: {s[PASS]} passed, {s[FAIL]} failed, {s[SKIP]} skipped "
-            f"in {report.get('wall_s', 0):.1f} s")
+    text = f"{verdict}: {where}: {smoke_report.counts_line(report)}"
     if report.get("gpu_checks") == "left out":
         text += "; GPU checks left out (--no-gpu): not verified on a GPU"
     return text
@@ -90,7 +77,7 @@ def junit_xml(report: dict, *, suite_name: str, properties: dict | None = None) 
 def failure_report(problem: str, *, argv: list[str], wall_s: float, runtime: str) -> dict:
     """A report for a suite that produced none (it crashed, or verify had to stop it)."""
     return {
-        "schema": "envbuilder.smoke-report/1",
+        "schema": REPORT_SCHEMA,
         "ok": False,
         "wall_s": round(wall_s, 2),
         "started": time.time() - wall_s,

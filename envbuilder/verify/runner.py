@@ -16,15 +16,12 @@ from pathlib import Path
 
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EnvbuilderError
 from ..paths import HOST_MODULE, MANIFEST_IN_IMAGE, PREFIX, SUITE_MODULE, VERIFY_MANIFEST  # noqa: F401
+# the report's markers and schema are the suite's own (envbuilder/smoke is stdlib-only, so verify
+# imports it on the host; the suite never imports verify)
+from ..smoke.common import BEGIN_MARKER, END_MARKER, REPORT_SCHEMA  # noqa: F401
 from ..runtimes import VERIFY_RUNTIMES, for_target, runtime
 from ..runtimes.charliecloud import charliecloud_dir  # noqa: F401  (verify --slurm, tests)
 from ..runtimes.docker import default_tag
-
-# Must equal envbuilder/smoke/common.py (verify imports nothing from the suite: the suite runs
-# in the image, verify on the host).
-BEGIN_MARKER = "=====ENVBUILDER-SMOKE-REPORT-BEGIN====="
-END_MARKER = "=====ENVBUILDER-SMOKE-REPORT-END====="
-REPORT_SCHEMA = "envbuilder.smoke-report/1"
 
 IMAGE_PREFIX = PREFIX
 IMAGE_MANIFEST = MANIFEST_IN_IMAGE

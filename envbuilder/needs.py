@@ -5,9 +5,8 @@ and records it as the lock's ``inputs``, so a changed spec shows as a changed ne
 
 from __future__ import annotations
 
-from .components import horovod, python, system
+from .components import horovod, mpi, python, system
 from .lock import conda as conda_
-from .lock import sources as sources_
 
 def glibc(stack) -> str:
     return str((stack.catalog.os(stack.os_name) or {}).get("glibc", "2.28"))
@@ -23,11 +22,15 @@ def pip_groups(stack) -> dict[str, list[str]]:
         groups["framework"] = [stack.framework_requirement]
     if stack.cuda_toolkit_requirement:
         groups["toolkit"] = [stack.cuda_toolkit_requirement]       # nvcc + headers, devel stage only
-    if stack.horovod_sdist:
-        groups["horovod"] = horovod.requirements(stack)
+    groups.update(horovod.pip_groups(stack))
     if stack.spec.packages.pip:
         groups["packages"] = sorted(stack.spec.packages.pip, key=str.lower)
     return groups
+
+
+def source_tarballs(stack) -> list[dict]:
+    """What each component downloads as source (name, version, url, file, sha256, index)."""
+    return horovod.source_tarballs(stack) + mpi.source_tarballs(stack)   # the order the lock records
 
 
 def needs(stack) -> dict:
@@ -39,7 +42,7 @@ def needs(stack) -> dict:
     return {
         "base": base,
         "apt": {s: p for s, p in apt.items() if p},
-        "sources": {s["name"]: s["version"] for s in sources_.wanted(stack)},
+        "sources": {s["name"]: s["version"] for s in source_tarballs(stack)},
         "pip": {"groups": pip_groups(stack), "python": stack.python, "glibc": glibc(stack),
                 "extra_index_urls": [stack.framework_index_url] if stack.framework_index_url else [],
                 "in_image": bool(stack.ngc)},

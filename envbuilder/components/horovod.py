@@ -1,5 +1,12 @@
 """Horovod, compiled in the devel stage from the hash-checked sdist with exactly the
-operations the spec asks, and the catalog's source fixes applied."""
+operations the spec asks, and the catalog's source fixes applied.
+
+Everything envbuilder does for Horovod, in the order a build meets it: its facts are data in
+compat/catalog.yaml (`horovod:` releases with the sdist's url and sha256, `patches:`) and its
+rules are compat/rules.py's HVD_* (what cannot be built); here: what the lock must pin
+(``pip_groups``, ``source_tarballs``), what the devel stage installs (``devel_apt``,
+``devel_steps`` with ``build_flags`` and the patches), the runtime environment (``runtime_env``:
+nothing, the venv carries it) and what the smoke suite expects of it (``expect``)."""
 
 from __future__ import annotations
 
@@ -20,6 +27,31 @@ def requirements(stack: Stack) -> list[str]:
     if stack.spec.framework.family == "pytorch":
         reqs.append("numpy==1.26.4" if tuple(int(p) for p in stack.python.split(".")) <= (3, 12) else "numpy==2.1.3")
     return reqs
+
+
+def pip_groups(stack: Stack) -> dict[str, list[str]]:
+    """The lock's `horovod` pip group (installed in its own layer, after the framework's)."""
+    return {"horovod": requirements(stack)} if stack.horovod_sdist else {}
+
+
+def source_tarballs(stack: Stack) -> list[dict]:
+    """The sdist the lock records and the build downloads (hash from the catalog, checked against
+    PyPI's when locking)."""
+    sdist = stack.horovod_sdist
+    if not sdist:
+        return []
+    return [{"name": "horovod", "version": stack.spec.horovod.version, "url": sdist["url"],
+             "file": sdist["url"].rsplit("/", 1)[1], "sha256": sdist["sha256"], "index": "pypi"}]
+
+
+def expect(stack: Stack) -> dict | None:
+    """manifest.json expect.horovod: what the smoke suite checks (version, bindings, controllers,
+    operations); None without Horovod."""
+    hv = stack.spec.horovod
+    if not hv:
+        return None
+    return {"version": hv.version, "frameworks": [stack.spec.framework.family],
+            "controllers": list(hv.controllers), "operations": list(hv.operations)}
 
 
 def cuda_cc_list(stack: Stack) -> str | None:

@@ -31,6 +31,15 @@ def runtime_apt(stack: Stack) -> list[str]:
     return []
 
 
+def source_tarballs(stack: Stack) -> list[dict]:
+    """The release tarball the lock records and the build checks with sha256sum -c."""
+    tar = stack.mpi_tarball
+    if not tar:
+        return []
+    return [{"name": stack.spec.mpi.flavor, "version": stack.spec.mpi.version, "url": tar["url"],
+             "file": tar["url"].rsplit("/", 1)[1], "sha256": tar["sha256"], "index": None}]
+
+
 def devel_steps(stack: Stack) -> list[Step]:
     from ..lock.render import source
 

@@ -96,9 +96,11 @@ def _targets(update: list[str], lock: Lock | None) -> dict[str, set]:
 
 def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, update: list[str] | None = None,
                  wheelhouse: str | None = None, ca_bundle: str | None = None,
-                 conda_lockfile: str | None = None, progress=None) -> Lock:
+                 conda_lockfile: str | None = None, progress=None,
+                 sources: list[dict] | None = None) -> Lock:
     """A complete lock for ``stack`` needing ``want``; kinds unchanged since ``previous`` keep their
-    entries. ``client(why)`` gives a Docker SDK client, called only when a kind needs the engine."""
+    entries. ``client(why)`` gives a Docker SDK client, called only when a kind needs the engine;
+    ``sources``: the source tarballs the components want (needs.source_tarballs)."""
     say = progress or (lambda msg: None)
     make_client = client
     targets = _targets(update or [], previous)
@@ -157,7 +159,7 @@ def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, upd
         lock.sources = previous.sources
     else:
         say("sources")
-        lock.sources = sources_.resolve(stack, ca_bundle)
+        lock.sources = sources_.resolve(sources or [], ca_bundle)
 
     # Python packages
     if keep("pip"):

@@ -1,4 +1,5 @@
 """Downloaded source tarballs (Horovod's sdist, Open MPI's release tarball): url and sha256.
+Which ones: each component says (components/horovod.py, components/mpi.py ``source_tarballs``).
 
 The hashes come from the catalog (each with its source). Where the file's index publishes
 hashes (PyPI's JSON simple API), the lock step checks the catalog against it and refuses a
@@ -17,20 +18,6 @@ from ..errors import CheckFailed
 PYPI_SIMPLE = "https://pypi.org/simple"
 
 
-def wanted(stack) -> list[dict]:
-    """The source tarballs the stack downloads, from the catalog."""
-    out = []
-    sdist = stack.horovod_sdist
-    if sdist:
-        out.append({"name": "horovod", "version": stack.spec.horovod.version, "url": sdist["url"],
-                    "file": sdist["url"].rsplit("/", 1)[1], "sha256": sdist["sha256"], "index": "pypi"})
-    tar = stack.mpi_tarball
-    if tar:
-        out.append({"name": stack.spec.mpi.flavor, "version": stack.spec.mpi.version, "url": tar["url"],
-                    "file": tar["url"].rsplit("/", 1)[1], "sha256": tar["sha256"], "index": None})
-    return out
-
-
 def _pypi_hashes(project: str, ca_bundle: str | None, timeout: float = 30) -> dict[str, str]:
     ctx = ssl.create_default_context(cafile=ca_bundle) if ca_bundle else ssl.create_default_context()
     req = urllib.request.Request(f"{PYPI_SIMPLE}/{project}/",
@@ -40,9 +27,11 @@ def _pypi_hashes(project: str, ca_bundle: str | None, timeout: float = 30) -> di
     return {f["filename"]: (f.get("hashes") or {}).get("sha256") for f in data.get("files", [])}
 
 
-def resolve(stack, ca_bundle: str | None = None) -> list[dict]:
+def resolve(wanted: list[dict], ca_bundle: str | None = None) -> list[dict]:
+    """Lock entries for the WANTED tarballs (components' source_tarballs(), handed in by the
+    pipeline: needs.source_tarballs)."""
     entries = []
-    for w in wanted(stack):
+    for w in wanted:
         entry = {k: w[k] for k in ("name", "version", "url", "file", "sha256")}
         entry["checked"] = "at build (sha256sum -c)"
         if w["index"] == "pypi":

@@ -6,6 +6,7 @@ import hashlib
 import json
 
 from .. import __version__
+from ..components import horovod
 from ..resolve import Stack
 
 
@@ -21,10 +22,6 @@ def expected(stack: Stack) -> dict:
         mpi = dict(stack.ngc["mpi"])
     elif spec.mpi:
         mpi = {"flavor": spec.mpi.flavor, "version": spec.mpi.version}
-    hv = None
-    if spec.horovod:
-        hv = {"version": spec.horovod.version, "frameworks": [fw.family],
-              "controllers": list(spec.horovod.controllers), "operations": list(spec.horovod.operations)}
     pins = {}
     for req in spec.packages.pip:
         name, _, version = req.partition("==")
@@ -36,7 +33,7 @@ def expected(stack: Stack) -> dict:
     out = {
         "python": stack.python,
         "framework": {"name": fw.name, "module": fw.module, "version": fw.version},
-        "horovod": hv,
+        "horovod": horovod.expect(stack),
         "mpi": mpi,
         "cuda": spec.cuda.version if spec.cuda else None,
         "cudnn": stack.cudnn,

@@ -11,7 +11,7 @@ from .compat.catalog import Catalog, load_catalog
 from .compat.choices import mpi_source
 from .compat.rules import Finding, check, context_for
 from .spec import Spec
-from .versions import major, minor, satisfies
+from .versions import major, minor
 
 @dataclass
 class Stack:
@@ -116,23 +116,6 @@ class Stack:
         if not hv or self.horovod_from_base:
             return None
         return (self.catalog.horovod(hv.version) or {}).get("sdist")
-
-    def horovod_patches(self) -> list[tuple[str, dict]]:
-        hv, fw = self.spec.horovod, self.spec.framework
-        if not hv or self.horovod_from_base:
-            return []
-        out = []
-        for name, patch in sorted(self.catalog.patches().items()):
-            applies = patch["applies"]
-            if not satisfies(hv.version, applies["horovod"]):
-                continue
-            if "cuda" in applies and not (self.spec.cuda and satisfies(self.spec.cuda.version, applies["cuda"])):
-                continue
-            families = [k for k in ("pytorch", "tensorflow") if k in applies]
-            if families and not (fw.family in applies and satisfies(fw.version, applies[fw.family])):
-                continue
-            out.append((name, self.catalog.patch_for(name, fw.family, fw.version)))
-        return out
 
     @property
     def cpu_threads_env(self) -> bool:

@@ -5,13 +5,14 @@ Everything envbuilder does for Horovod, in the order a build meets it: its facts
 compat/catalog.yaml (`horovod:` releases with the sdist's url and sha256, `patches:`) and its
 rules are compat/rules.py's HVD_* (what cannot be built); here: what the lock must pin
 (``pip_groups``, ``source_tarballs``), what the devel stage installs (``devel_apt``,
-``devel_steps`` with ``build_flags`` and the patches), the runtime environment (``runtime_env``:
+``devel_steps`` with ``build_flags`` and ``patches``), the runtime environment (``runtime_env``:
 nothing, the venv carries it) and what the smoke suite expects of it (``expect``)."""
 
 from __future__ import annotations
 
 from ..plan import Step
 from ..resolve import Stack
+from ..versions import satisfies
 from .python import locked_env, pip, python_exe
 
 # Horovod 0.28.1's install_requires, pinned (PyPI, versions that support Python 3.8 - 3.13).
@@ -44,6 +45,11 @@ def source_tarballs(stack: Stack) -> list[dict]:
              "file": sdist["url"].rsplit("/", 1)[1], "sha256": sdist["sha256"], "index": "pypi"}]
 
 
+def labels(stack: Stack) -> dict[str, str]:
+    hv = stack.spec.horovod
+    return {"dev.envbuilder.horovod": f"{hv.version} ({','.join(hv.operations)})"} if hv else {}
+
+
 def expect(stack: Stack) -> dict | None:
     """manifest.json expect.horovod: what the smoke suite checks (version, bindings, controllers,
     operations); None without Horovod."""
@@ -52,6 +58,26 @@ def expect(stack: Stack) -> dict | None:
         return None
     return {"version": hv.version, "frameworks": [stack.spec.framework.family],
             "controllers": list(hv.controllers), "operations": list(hv.operations)}
+
+
+def patches(stack: Stack) -> list[tuple[str, dict]]:
+    """The catalog's source fixes (`patches:`) this build applies, each as it applies to the
+    framework release (a C++ standard at least the torch release's `cxx:`)."""
+    hv, fw = stack.spec.horovod, stack.spec.framework
+    if not hv or stack.horovod_from_base:
+        return []
+    out = []
+    for name, patch in sorted(stack.catalog.patches().items()):
+        applies = patch["applies"]
+        if not satisfies(hv.version, applies["horovod"]):
+            continue
+        if "cuda" in applies and not (stack.spec.cuda and satisfies(stack.spec.cuda.version, applies["cuda"])):
+            continue
+        families = [k for k in ("pytorch", "tensorflow") if k in applies]
+        if families and not (fw.family in applies and satisfies(fw.version, applies[fw.family])):
+            continue
+        out.append((name, stack.catalog.patch_for(name, fw.family, fw.version)))
+    return out
 
 
 def cuda_cc_list(stack: Stack) -> str | None:
@@ -114,7 +140,7 @@ def devel_steps(stack: Stack) -> list[Step]:
         f"tar -xzf /tmp/horovod/horovod-{hv.version}.tar.gz -C /tmp/horovod",
     ]
     notes = [f"source: {sdist['url']} (sha256 pinned)"]
-    for name, patch in stack.horovod_patches():
+    for name, patch in patches(stack):
         old, new = patch["replace"]
         files = " ".join(f"{folder}/{f}" for f in patch["files"])
         cmds.append(f"sed -i 's/{old}/{new}/' {files}")

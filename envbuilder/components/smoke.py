@@ -7,6 +7,7 @@ from ..paths import PREFIX, SMOKE_DIR
 from ..plan import Copy, Step
 from ..presets import describe
 from ..resolve import Stack
+from . import horovod
 from .python import python_exe
 
 MANIFEST = "manifest.json"
@@ -43,8 +44,7 @@ def labels(stack: Stack) -> dict[str, str]:
         base = stack.lock.base.get("runtime") or stack.lock.base["devel"]
         out["org.opencontainers.image.base.digest"] = base["digest"]
         out["dev.envbuilder.lock-resolved-at"] = stack.lock.resolved_at
-    if spec.horovod:
-        out["dev.envbuilder.horovod"] = f"{spec.horovod.version} ({','.join(spec.horovod.operations)})"
+    out.update(horovod.labels(stack))
     if spec.cuda:
         out["dev.envbuilder.cuda"] = spec.cuda.version
     if spec.mpi:

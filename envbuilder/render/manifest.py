@@ -73,7 +73,7 @@ def render_manifest(stack: Stack, files: dict[str, bytes], smoke_sha: str) -> st
         "expect": expected(stack),
         "build": {
             "mpi_source": stack.mpi_source,
-            "horovod_patches": [name for name, _ in stack.horovod_patches()],
+            "horovod_patches": [name for name, _ in horovod.patches(stack)],
             "framework_index_url": stack.framework_index_url,
         },
         "findings": [f.as_dict() for f in stack.findings],

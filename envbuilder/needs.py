@@ -5,7 +5,7 @@ and records it as the lock's ``inputs``, so a changed spec shows as a changed ne
 
 from __future__ import annotations
 
-from .components import horovod, mpi, python, system
+from .components import cuda, framework, horovod, mpi, packages, python, system
 from .lock import conda as conda_
 
 def glibc(stack) -> str:
@@ -13,18 +13,10 @@ def glibc(stack) -> str:
 
 
 def pip_groups(stack) -> dict[str, list[str]]:
+    """Each component's pip groups, in layer order (what changes least first)."""
     groups = {}
-    if not stack.ngc:
-        # the bootstrap tools at their usual pins when the rest allows (torch >= 2.13 needs a newer
-        # setuptools): the lock holds what was chosen
-        groups["python"] = [b if b.startswith("pip==") else b.replace("==", ">=") for b in python.BOOTSTRAP]
-    if not stack.framework_from_base:
-        groups["framework"] = [stack.framework_requirement]
-    if stack.cuda_toolkit_requirement:
-        groups["toolkit"] = [stack.cuda_toolkit_requirement]       # nvcc + headers, devel stage only
-    groups.update(horovod.pip_groups(stack))
-    if stack.spec.packages.pip:
-        groups["packages"] = sorted(stack.spec.packages.pip, key=str.lower)
+    for part in (python, framework, cuda, horovod, packages):
+        groups.update(part.pip_groups(stack))
     return groups
 
 

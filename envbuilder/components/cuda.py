@@ -40,6 +40,11 @@ def runtime_apt(stack: Stack) -> list[str]:
 CUDA_HOME = "/usr/local/cuda"
 
 
+def pip_groups(stack: Stack) -> dict[str, list[str]]:
+    """The lock's `toolkit` group: nvcc + headers, devel stage only (cuda: {source: pypi})."""
+    return {"toolkit": [stack.cuda_toolkit_requirement]} if stack.cuda_toolkit_requirement else {}
+
+
 def site_packages(stack: Stack) -> str:
     from ..paths import VENV
 

@@ -22,6 +22,17 @@ def devel_steps(stack: Stack) -> list[Step]:
     ], network=True, mounts=mounts, build_env=locked_env(stack))]
 
 
+def pip_groups(stack: Stack) -> dict[str, list[str]]:
+    """The lock's `framework` group (none when the base image brings the framework)."""
+    return {} if stack.framework_from_base else {"framework": [stack.framework_requirement]}
+
+
+def expect(stack: Stack) -> dict:
+    """manifest.json expect.framework: what the smoke suite imports and compares."""
+    fw = stack.spec.framework
+    return {"name": fw.name, "module": fw.module, "version": fw.version}
+
+
 def runtime_env(stack: Stack) -> dict[str, str]:
     if not stack.cpu_threads_env:
         return {"TF_CPP_MIN_LOG_LEVEL": "1"} if stack.spec.framework.family == "tensorflow" else {}

@@ -40,6 +40,15 @@ def source_tarballs(stack: Stack) -> list[dict]:
              "file": tar["url"].rsplit("/", 1)[1], "sha256": tar["sha256"], "index": None}]
 
 
+def expect(stack: Stack) -> dict | None:
+    """manifest.json expect.mpi: the MPI the suite finds (the NGC image's, or the spec's)."""
+    if stack.mpi_source == "image":
+        return dict(stack.ngc["mpi"])
+    if stack.spec.mpi:
+        return {"flavor": stack.spec.mpi.flavor, "version": stack.spec.mpi.version}
+    return None
+
+
 def devel_steps(stack: Stack) -> list[Step]:
     from ..lock.render import source
 

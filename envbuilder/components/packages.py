@@ -24,3 +24,8 @@ def pip_steps(stack: Stack) -> list[Step]:
     return [Step("packages", "extra Python packages from the spec", locked or [
         f"{pip(stack)} {' '.join(sorted(reqs, key=str.lower))}",
     ], network=True, mounts=mounts, build_env=locked_env(stack))]
+
+
+def pip_groups(stack: Stack) -> dict[str, list[str]]:
+    """The lock's `packages` group: the spec's own pip requirements, resolved last."""
+    return {"packages": sorted(stack.spec.packages.pip, key=str.lower)} if stack.spec.packages.pip else {}

@@ -57,6 +57,15 @@ def locked_env(stack: Stack) -> dict[str, str]:
     return {"SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
 
 
+def pip_groups(stack: Stack) -> dict[str, list[str]]:
+    """The lock's `python` group: the bootstrap tools at their usual pins when the rest allows
+    (torch >= 2.13 needs a newer setuptools; the lock holds what was chosen). An NGC base has
+    its own."""
+    if stack.ngc:
+        return {}
+    return {"python": [b if b.startswith("pip==") else b.replace("==", ">=") for b in BOOTSTRAP]}
+
+
 def runtime_copies(stack: Stack) -> list[Copy]:
     return [Copy(VENV, VENV, from_stage="devel")]
 

@@ -6,7 +6,7 @@ import hashlib
 import json
 
 from .. import __version__
-from ..components import horovod
+from ..components import framework, horovod, mpi
 from ..resolve import Stack
 
 
@@ -16,12 +16,6 @@ def image_tag(stack: Stack) -> str:
 
 def expected(stack: Stack) -> dict:
     spec = stack.spec
-    fw = spec.framework
-    mpi = None
-    if stack.mpi_source == "image":
-        mpi = dict(stack.ngc["mpi"])
-    elif spec.mpi:
-        mpi = {"flavor": spec.mpi.flavor, "version": spec.mpi.version}
     pins = {}
     for req in spec.packages.pip:
         name, _, version = req.partition("==")
@@ -32,9 +26,9 @@ def expected(stack: Stack) -> dict:
         pins = lock.pip_versions()
     out = {
         "python": stack.python,
-        "framework": {"name": fw.name, "module": fw.module, "version": fw.version},
+        "framework": framework.expect(stack),
         "horovod": horovod.expect(stack),
-        "mpi": mpi,
+        "mpi": mpi.expect(stack),
         "cuda": spec.cuda.version if spec.cuda else None,
         "cudnn": stack.cudnn,
         "nccl": stack.nccl,

@@ -5,8 +5,7 @@ and records it as the lock's ``inputs``, so a changed spec shows as a changed ne
 
 from __future__ import annotations
 
-from .components import cuda, framework, horovod, mpi, packages, python, system
-from .lock import conda as conda_
+from .components import conda, cuda, framework, horovod, mpi, packages, python, system
 
 def glibc(stack) -> str:
     return str((stack.catalog.os(stack.os_name) or {}).get("glibc", "2.28"))
@@ -38,6 +37,5 @@ def needs(stack) -> dict:
         "pip": {"groups": pip_groups(stack), "python": stack.python, "glibc": glibc(stack),
                 "extra_index_urls": [stack.framework_index_url] if stack.framework_index_url else [],
                 "in_image": bool(stack.ngc)},
-        "conda": {"packages": sorted(stack.spec.packages.conda), "channels": conda_.channels(),
-                  "platform": conda_.PLATFORM} if stack.spec.packages.conda else None,
+        "conda": conda.lock_needs(stack),
     }

@@ -16,6 +16,16 @@ def wanted(stack: Stack) -> bool:
     return bool(stack.spec.packages.conda)
 
 
+def lock_needs(stack: Stack) -> dict | None:
+    """What the lock's conda resolver needs (None without conda packages)."""
+    if not wanted(stack):
+        return None
+    from ..lock import conda as conda_
+
+    return {"packages": sorted(stack.spec.packages.conda), "channels": conda_.channels(),
+            "platform": conda_.PLATFORM}
+
+
 def devel_apt(stack: Stack) -> list[str]:
     return ["bzip2", "curl", "unzip", "zstd"] if wanted(stack) else []
 

@@ -45,6 +45,21 @@ def pip_groups(stack: Stack) -> dict[str, list[str]]:
     return {"toolkit": [stack.cuda_toolkit_requirement]} if stack.cuda_toolkit_requirement else {}
 
 
+def expect(stack: Stack) -> dict:
+    """manifest.json expect's CUDA keys: the versions the suite checks, whether a GPU is due; with
+    cuda: {source: pypi} also the source and the architectures the framework's kernels cover."""
+    spec = stack.spec
+    return {"cuda": spec.cuda.version if spec.cuda else None, "cudnn": stack.cudnn, "nccl": stack.nccl,
+            "gpu": spec.cuda is not None}
+
+
+def expect_pypi(stack: Stack) -> dict:
+    """The keys a `source: pypi` stack adds after `packages` (older manifests stay as they were)."""
+    if not stack.pypi_cuda:
+        return {}
+    return {"cuda_source": "pypi", "cuda_arch": cuda_archs(stack) or []}
+
+
 def site_packages(stack: Stack) -> str:
     from ..paths import VENV
 

@@ -6,7 +6,7 @@ import hashlib
 import json
 
 from .. import __version__
-from ..components import framework, horovod, mpi
+from ..components import cuda, framework, horovod, mpi
 from ..resolve import Stack
 
 
@@ -29,17 +29,10 @@ def expected(stack: Stack) -> dict:
         "framework": framework.expect(stack),
         "horovod": horovod.expect(stack),
         "mpi": mpi.expect(stack),
-        "cuda": spec.cuda.version if spec.cuda else None,
-        "cudnn": stack.cudnn,
-        "nccl": stack.nccl,
-        "gpu": spec.cuda is not None,
+        **cuda.expect(stack),
         "packages": dict(sorted(pins.items())),
+        **cuda.expect_pypi(stack),
     }
-    if stack.pypi_cuda:
-        from ..components.cuda import cuda_archs
-
-        out["cuda_source"] = "pypi"
-        out["cuda_arch"] = cuda_archs(stack) or []     # the framework's kernels must cover these
     dist = spec.canonical().get("distributed")
     if dist:
         # how the ranks talk (torch.distributed: its backend and launcher); absent for specs

@@ -103,6 +103,11 @@ def test_runtime_stage_keeps_libraries_not_nvcc_or_headers(horovod_image):
     assert names.count("libnccl.so.2") == 1 and names.count("libcudnn.so.9") == 1, found   # one copy each
     assert names.count("libcudart.so.13") == 1, found
     assert in_image(info["tag"], "command -v g++ cmake || true").strip() == ""
+    # NVIDIA's libraries are a layer of their own, before the rest of the venv (they change least)
+    history = [json.loads(line) for line in docker("history", "--no-trunc", "--format", "{{json .}}",
+                                                   info["tag"]).stdout.splitlines()]
+    copies = [h["CreatedBy"] for h in reversed(history) if h["CreatedBy"].startswith("COPY /opt/venv")]
+    assert [c.split()[1] for c in copies] == [f"{SITE}/nvidia", "/opt/venv"], copies
 
 
 # --- verify without a GPU -------------------------------------------------------------------------
@@ -136,8 +141,10 @@ def test_gpu_image_without_no_gpu_fails_verify(ddp_image, tmp_path):
     report = tmp_path / "report.json"
     r = verify(str(out), "--image", info["tag"], "--runtime", "docker", "--ranks", "2", "--report", str(report))
     assert r.code == 1, r.out + r.err[-3000:]
-    gpu = checks_of(report)["gpu.visible"]
-    assert gpu["status"] == "fail" and "not run: no GPU visible" in gpu["detail"] and "--no-gpu" in gpu["detail"]
+    checks = checks_of(report)
+    for name in ("gpu.visible", "gpu.devices[torch]"):      # the static check and the ranks' own
+        gpu = checks[name]
+        assert gpu["status"] == "fail" and "not run: no GPU visible" in gpu["detail"] and "--no-gpu" in gpu["detail"]
 
 
 def test_ddp_image_verifies_without_gpu(ddp_image, tmp_path):
@@ -148,8 +155,13 @@ def test_ddp_image_verifies_without_gpu(ddp_image, tmp_path):
     assert r.code == 0, r.out + r.err[-3000:]
     checks = checks_of(report)
     for name in ("versions.cuda", "versions.cuda_runtime", "versions.cudnn_library", "versions.nccl_library",
-                 "versions.cuda_arch", "versions.packages"):
+                 "versions.cuda_arch", "versions.packages",
+                 # torch.distributed with 2 ranks (the manifest asks nccl: without a GPU, over gloo)
+                 "dist.init[torch]", "dist.collectives[torch]", "train.ddp[torch]"):
         assert checks[name]["status"] == "pass", checks[name]
+    assert "no GPU, the CPU checks use gloo" in checks["dist.init[torch]"]["detail"]
+    for name in ("gpu.devices[torch]", "gpu.nccl_allreduce[torch]"):
+        assert checks[name]["status"] == "skip" and "left out (--no-gpu)" in checks[name]["detail"], checks[name]
     assert "GPU checks left out" in r.out + r.err and "OK without GPU checks" in r.out + r.err
     # no toolkit was installed for an image without Horovod, and no header reached the runtime stage
     assert "pins/pip-toolkit.txt" not in (out / "Dockerfile").read_text()

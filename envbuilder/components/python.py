@@ -57,8 +57,9 @@ def locked_env(stack: Stack) -> dict[str, str]:
     return {"SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
 
 
-def runtime_copies(stack: Stack) -> list[Copy]:
-    return [Copy(VENV, VENV, from_stage="devel")]
+def runtime_copies(stack: Stack, without: list[Copy] = ()) -> list[Copy]:
+    """The venv, less the parts copied as their own layers before it (``without``)."""
+    return [Copy(VENV, VENV, from_stage="devel", without=tuple(c.source for c in without))]
 
 
 def runtime_env(stack: Stack) -> dict[str, str]:

@@ -72,13 +72,13 @@ PINS = ("six==1.16.0", "six==1.17.0")
 
 def steps(log: str) -> list[tuple[str, str]]:
     """(step, seconds or 'cached') for every Dockerfile step of a BuildKit plain-progress log."""
-    heads = {n: h for n, h in re.findall(r"^#(\d+) (\[[^\]]+\] .*)$", log, flags=re.M)}
+    heads = {n: h for n, h in re.findall(r"^#(\d+) (\[[^\]]+\] .*|exporting to image)$", log, flags=re.M)}
     ends = {}
     for n, how in re.findall(r"^#(\d+) (CACHED|DONE [\d.]+s)$", log, flags=re.M):
         ends[n] = "cached" if how == "CACHED" else how.split()[1]
     rows = []
     for n, head in heads.items():
-        if " FROM " in f" {head.split('] ', 1)[1][:5]}":
+        if head.split("] ", 1)[-1].startswith("FROM "):
             continue
         rows.append((re.sub(r"\s+", " ", head)[:100], ends.get(n, "?")))
     return rows

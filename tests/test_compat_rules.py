@@ -188,7 +188,7 @@ def test_cuda_from_pypi_renders_the_wheel_lane(cli, write_spec, tmp_path):
     assert expect["cuda"] == "13.0" and expect["nccl"] == "2.29.7" and expect["cudnn"] == "9.20.0"
     assert expect["gpu"] is True and expect["cuda_source"] == "pypi"
     assert expect["cuda_arch"] == ["7.5", "8.0", "8.6", "9.0", "10.0", "12.0"]
-    # make runs one compiler per core, not Horovod's fixed -j8 (nvcc takes 1-2 GB per job)
+    # make runs one compiler per core, not Horovod's fixed -j8 (about 1 GB per compiler)
     assert 'MAKEFLAGS="-j$(nproc)" \\\n    && export MAKEFLAGS' in devel
 
 

@@ -79,7 +79,7 @@ def toolkit_steps(stack: Stack) -> list[Step]:
         "the wheels have lib/ only: symlinks make the CUDA_HOME an installer makes (source: nvcc.profile of "
         "nvidia-cuda-nvcc)",
         "fix link names: the wheels ship libcudart.so.N and libnccl.so.2 without the unversioned names "
-        "CMake's find_library and -lcudart look for",
+        "CMake's find_library and -lcudart look for (source: RECORD of nvidia-cuda-runtime and nvidia-nccl-cu13)",
     ]
     return [Step("cuda", f"CUDA toolkit wheels for compiling Horovod's NCCL operations ({CUDA_HOME} -> {tree})",
                  cmds, network=True, mounts=mounts, notes=notes, build_env=locked_env(stack))]

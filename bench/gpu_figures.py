@@ -70,18 +70,24 @@ def print_figures(tag: str) -> None:
 PINS = ("six==1.16.0", "six==1.17.0")
 
 
-def steps(log: str) -> list[tuple[str, str]]:
-    """(step, seconds or 'cached') for every Dockerfile step of a BuildKit plain-progress log."""
+def steps(log: str, stages: list[str] = ()) -> list[tuple[str, str]]:
+    """(step, seconds or 'cached') for every Dockerfile step of a BuildKit plain-progress log, in
+    the order of STAGES (the Dockerfile's; BuildKit numbers steps as it starts them)."""
     heads = {n: h for n, h in re.findall(r"^#(\d+) (\[[^\]]+\] .*|exporting to image)$", log, flags=re.M)}
     ends = {}
     for n, how in re.findall(r"^#(\d+) (CACHED|DONE [\d.]+s)$", log, flags=re.M):
         ends[n] = "cached" if how == "CACHED" else how.split()[1]
     rows = []
     for n, head in heads.items():
-        if head.split("] ", 1)[-1].startswith("FROM "):
+        if head.startswith("[internal]") or head.split("] ", 1)[-1].startswith("FROM "):
             continue
         rows.append((re.sub(r"\s+", " ", head)[:100], ends.get(n, "?")))
-    return rows
+    order = {name: i for i, name in enumerate(stages)}
+
+    def key(row):
+        m = re.match(r"\[([\w.-]+) (\d+)/\d+\]", row[0])
+        return (0, order.get(m.group(1), len(order)), int(m.group(2))) if m else (1, 0, 0)
+    return sorted(rows, key=key)
 
 
 def build(recipe: Path, pin: str, work: Path, tag: str, ca: str | None, cold: bool) -> dict:
@@ -102,7 +108,8 @@ def build(recipe: Path, pin: str, work: Path, tag: str, ca: str | None, cold: bo
         cmd.insert(-1, "--no-cache")
     env = dict(__import__("os").environ, DOCKER_BUILDKIT="1")
     build_s, out = cpu_bench.run(cmd, log, env=env)
-    return {"lock_s": lock_s, "build_s": build_s, "steps": steps(out)}
+    stages = re.findall(r"^FROM \S+ AS (\S+)$", (ctx / "Dockerfile").read_text(), flags=re.M)
+    return {"lock_s": lock_s, "build_s": build_s, "steps": steps(out, stages)}
 
 
 def rebuild_table(recipe: Path, ca: str | None, cold: bool, keep: bool) -> int:

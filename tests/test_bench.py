@@ -144,8 +144,10 @@ def test_gpu_figures_lists_every_step_with_its_seconds_or_cached():
         "#16 [runtime 4/8] COPY --from=devel-rest /opt/venv /opt/venv", "#16 DONE 9.0s",
         "#19 exporting to image", "#19 DONE 17.6s",
     ])
-    rows = module.steps(log)
+    log = log.replace("#19 exporting", "#13 [devel-rest 1/1] RUN rm -rf /opt/venv/x\n#13 DONE 0.3s\n#19 exporting")
+    rows = module.steps(log, ["devel", "devel-rest", "runtime"])
     assert rows == [("[devel 7/8] RUN --mount=type=secret,id=ca export HOROVOD_WITH_MPI=1", "cached"),
+                    ("[devel-rest 1/1] RUN rm -rf /opt/venv/x", "0.3s"),
                     ("[runtime 3/8] COPY --from=devel /opt/venv/lib/python3.11/site-packages/nvidia /opt/venv/x",
                      "cached"),
                     ("[runtime 4/8] COPY --from=devel-rest /opt/venv /opt/venv", "9.0s"),

@@ -25,6 +25,8 @@ class Copy:
     source: str                     # path in the build context (from_stage None) or in a stage
     dest: str
     from_stage: str | None = None
+    without: tuple[str, ...] = ()   # paths under source left out: earlier Copies bring them as
+                                    # layers of their own (a SIF has no layers: copied whole)
 
 
 @dataclass

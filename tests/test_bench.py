@@ -126,3 +126,29 @@ def test_an_overhead_whose_pairs_scatter_is_reported_as_too_noisy_not_ok():
     results["stacks"]["torch"]["builders"]["envbuilder"]["overhead"] = {"pairs": wide, **bench.overhead_figures(wide)}
     line = next(g for g in bench.goals(results) if "overhead" in g)
     assert "too noisy to tell" in line and "ok" not in line.split(":")[-1], line
+
+
+def test_gpu_figures_lists_every_step_with_its_seconds_or_cached():
+    spec = importlib.util.spec_from_file_location("envbuilder_gpu_figures", ROOT / "bench" / "gpu_figures.py")
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    log = "\n".join([
+        "#4 [devel 1/8] FROM docker.io/local/debian:bookworm", "#4 CACHED",
+        "#12 [devel 7/8] RUN --mount=type=secret,id=ca   export HOROVOD_WITH_MPI=1", "#12 CACHED",
+        "#14 [runtime 3/8] COPY --from=devel /opt/venv/lib/python3.11/site-packages/nvidia /opt/venv/x",
+        "#14 sha256:871317f9d343", "#14 CACHED",
+        "#16 [runtime 4/8] COPY --from=devel-rest /opt/venv /opt/venv", "#16 DONE 9.0s",
+        "#19 exporting to image", "#19 DONE 17.6s",
+    ])
+    log = log.replace("#19 exporting", "#13 [devel-rest 1/1] RUN rm -rf /opt/venv/x\n#13 DONE 0.3s\n#19 exporting")
+    rows = module.steps(log, ["devel", "devel-rest", "runtime"])
+    assert rows == [("[devel 7/8] RUN --mount=type=secret,id=ca export HOROVOD_WITH_MPI=1", "cached"),
+                    ("[devel-rest 1/1] RUN rm -rf /opt/venv/x", "0.3s"),
+                    ("[runtime 3/8] COPY --from=devel /opt/venv/lib/python3.11/site-packages/nvidia /opt/venv/x",
+                     "cached"),
+                    ("[runtime 4/8] COPY --from=devel-rest /opt/venv /opt/venv", "9.0s"),
+                    ("exporting to image", "17.6s")]

@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from conftest import RECIPES
+
 GPU_TF = """\
 name: demo
 framework: {name: tensorflow, version: "2.12.1"}
@@ -186,11 +188,36 @@ def test_cuda_from_pypi_renders_the_wheel_lane(cli, write_spec, tmp_path):
     assert expect["cuda"] == "13.0" and expect["nccl"] == "2.29.7" and expect["cudnn"] == "9.20.0"
     assert expect["gpu"] is True and expect["cuda_source"] == "pypi"
     assert expect["cuda_arch"] == ["7.5", "8.0", "8.6", "9.0", "10.0", "12.0"]
+    # make runs one compiler per core, not Horovod's fixed -j8 (about 1 GB per compiler)
+    assert 'MAKEFLAGS="-j$(nproc)" \\\n    && export MAKEFLAGS' in devel
+
+
+def test_cuda_from_pypi_copies_the_nvidia_wheels_as_a_runtime_layer_of_their_own(cli, write_spec, tmp_path):
+    """The NVIDIA libraries (~3.5 GB) change least: the runtime stage copies them first, then the
+    venv without them (from a stage that deletes them), so no file is copied twice and a change of
+    packages.pip leaves their layer cached. The SIF has no layers: Apptainer copies the venv once."""
+    out = tmp_path / "out"
+    r = cli("build", str(write_spec(PYPI_TORCH)), "--no-build", "--out", str(out))
+    assert r.code == 0, r.err
+    nvidia = "/opt/venv/lib/python3.11/site-packages/nvidia"
+    stages = {}
+    for block in (out / "Dockerfile").read_text().split("\nFROM ")[1:]:
+        head, _, body = block.partition("\n")
+        stages[head.split(" AS ")[1]] = (head.split(" AS ")[0], body)
+    assert list(stages) == ["devel", "devel-rest", "runtime"]
+    assert stages["devel-rest"][0] == "devel" and f"RUN rm -rf {nvidia}\n" in stages["devel-rest"][1]
+    copies = [line for line in stages["runtime"][1].splitlines() if line.startswith("COPY --from")]
+    assert copies == [f"COPY --from=devel {nvidia} {nvidia}", "COPY --from=devel-rest /opt/venv /opt/venv"]
+    apptainer = (out / "Apptainer.def").read_text()
+    assert apptainer.count("/opt/venv /opt/venv") == 1 and f"{nvidia} {nvidia}" not in apptainer
+    # a CPU stack copies its venv in one piece, from the devel stage itself
+    cpu = tmp_path / "cpu"
+    assert cli("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(cpu)).code == 0
+    docker = (cpu / "Dockerfile").read_text()
+    assert "COPY --from=devel /opt/venv /opt/venv" in docker and "-rest" not in docker
 
 
 def test_tensorflow_gpu_from_pypi_is_the_cuda12_lane(cli, write_spec):
-    from conftest import RECIPES
-
     text = (RECIPES / "tf-pypi.yaml").read_text()
     assert cli("check", str(RECIPES / "tf-pypi.yaml")).code == 0
     r = cli("check", str(write_spec(text.replace('version: "12.5"', 'version: "13.0"'))))

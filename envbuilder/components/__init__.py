@@ -30,7 +30,9 @@ def assemble(stack: Stack) -> Plan:
     else:
         final = Stage("runtime", _base(stack, "runtime", stack.runtime_base))
         final.items += system.runtime_steps(stack)
-        final.items += mpi.runtime_copies(stack) + python.runtime_copies(stack) + conda.runtime_copies(stack)
+        wheels = cuda.runtime_copies(stack)         # NVIDIA's libraries: a layer before the venv's
+        final.items += (mpi.runtime_copies(stack) + wheels + python.runtime_copies(stack, without=wheels)
+                        + conda.runtime_copies(stack))
         stages = [devel, final]
     final.items += smoke.install(stack)
 

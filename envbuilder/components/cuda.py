@@ -6,7 +6,7 @@ with every header, before the runtime stage copies the venv."""
 
 from __future__ import annotations
 
-from ..plan import Step
+from ..plan import Copy, Step
 from ..quoting import shell_word
 from ..resolve import Stack
 from ..versions import minor
@@ -99,7 +99,7 @@ def toolkit_steps(stack: Stack) -> list[Step]:
         "the wheels have lib/ only: symlinks make the CUDA_HOME an installer makes (source: nvcc.profile of "
         "nvidia-cuda-nvcc)",
         "fix link names: the wheels ship libcudart.so.N and libnccl.so.2 without the unversioned names "
-        "CMake's find_library and -lcudart look for",
+        "CMake's find_library and -lcudart look for (source: RECORD of nvidia-cuda-runtime and nvidia-nccl-cu13)",
     ]
     return [Step("cuda", f"CUDA toolkit wheels for compiling Horovod's NCCL operations ({CUDA_HOME} -> {tree})",
                  cmds, network=True, mounts=mounts, notes=notes, build_env=locked_env(stack))]
@@ -111,6 +111,16 @@ def toolkit_packages(stack: Stack) -> list[str]:
     if lock and lock.pip.get("toolkit"):
         return sorted(e["name"] for e in lock.pip["toolkit"])
     return ["nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-cuda-nvcc", "nvidia-nvvm"]
+
+
+def runtime_copies(stack: Stack) -> list[Copy]:
+    """NVIDIA's libraries (site-packages/nvidia, ~3.5 GB for CUDA 13) as a runtime layer of their
+    own, before the rest of the venv: they change least, so a change of the framework or of
+    packages.pip re-copies only the rest (BuildKit caches a COPY by the content it copies)."""
+    if not stack.pypi_cuda or stack.ngc is not None:
+        return []
+    tree = f"{site_packages(stack)}/nvidia"
+    return [Copy(tree, tree, from_stage="devel")]
 
 
 def slim_steps(stack: Stack) -> list[Step]:

@@ -140,6 +140,13 @@ def devel_steps(stack: Stack) -> list[Step]:
         f"tar -xzf /tmp/horovod/horovod-{hv.version}.tar.gz -C /tmp/horovod",
     ]
     notes = [f"source: {sdist['url']} (sha256 pinned)"]
+    if "nccl" in hv.operations:
+        # Horovod's setup.py runs `make -j8` unless MAKEFLAGS is set (setup.py of horovod 0.28.1,
+        # build_extensions): eight compilers at about 1 GB each (cc1plus: 0.9 GB seen here) on any builder.
+        cmds[:0] = ['MAKEFLAGS="-j$(nproc)"', "export MAKEFLAGS"]
+        notes.append("parallel make: one compiler per core, not the fixed -j8 Horovod's setup.py passes "
+                     "without MAKEFLAGS (source: setup.py of horovod 0.28.1; nvcc and the torch extension "
+                     "take about 1 GB each)")
     for name, patch in patches(stack):
         old, new = patch["replace"]
         files = " ".join(f"{folder}/{f}" for f in patch["files"])

@@ -66,8 +66,9 @@ def pip_groups(stack: Stack) -> dict[str, list[str]]:
     return {"python": [b if b.startswith("pip==") else b.replace("==", ">=") for b in BOOTSTRAP]}
 
 
-def runtime_copies(stack: Stack) -> list[Copy]:
-    return [Copy(VENV, VENV, from_stage="devel")]
+def runtime_copies(stack: Stack, without: list[Copy] = ()) -> list[Copy]:
+    """The venv, less the parts copied as their own layers before it (``without``)."""
+    return [Copy(VENV, VENV, from_stage="devel", without=tuple(c.source for c in without))]
 
 
 def runtime_env(stack: Stack) -> dict[str, str]:

@@ -20,7 +20,10 @@ from .context import check_inputs, stage_context
 from .options import BuildOptions
 
 MIN_API = (1, 40)            # Docker 19.03: BuildKit secrets and RUN --mount
-MIN_FREE_GB = {False: 8, True: 30}   # a CPU stack / a CUDA stack, image + build cache
+# free disk a build needs (image + build cache): a CPU stack; CUDA from an nvidia/cuda or NGC base;
+# CUDA from NVIDIA's PyPI wheels (measured: torch-horovod-pypi or torch-ddp-pypi from cold add about
+# 11 GB of build cache: wheels 2.9 GB, torch 2.0 GB, the two runtime copies 2.9 + 2.1 GB)
+MIN_FREE_GB = {"cpu": 8, "cuda": 30, "cuda-pypi": 15}
 STEP_RE = re.compile(r"^#\d+ \[([^\]]+)\] (.*)$")
 
 
@@ -41,7 +44,7 @@ def engine():
     return client
 
 
-def _check_engine(client, gpu: bool) -> None:
+def _check_engine(client, kind: str) -> None:
     version = client.version()
     api = tuple(int(p) for p in version.get("ApiVersion", "0.0").split(".")[:2])
     if api < MIN_API:
@@ -51,7 +54,7 @@ def _check_engine(client, gpu: bool) -> None:
     root = client.info().get("DockerRootDir") or "/var/lib/docker"
     probe = Path(root) if Path(root).exists() else Path("/")
     free_gb = shutil.disk_usage(probe).free / 1e9
-    need = MIN_FREE_GB[gpu]
+    need = MIN_FREE_GB[kind]
     if free_gb < need:
         raise CheckFailed("docker engine", f"only {free_gb:.1f} GB free under {root}; this build needs "
                           f"about {need} GB", "free disk space (docker system prune) or move Docker's data root")
@@ -147,7 +150,8 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
         raise EnvbuilderError("targets", "the spec does not list docker, so there is no Dockerfile to build",
                               "add docker to targets, or use --engine apptainer")
     client = engine()
-    _check_engine(client, output.stack.spec.cuda is not None)
+    stack = output.stack
+    _check_engine(client, "cpu" if stack.spec.cuda is None else "cuda-pypi" if stack.pypi_cuda else "cuda")
     cli = buildkit_cli()
     tag = opts.tag or image_tag(output.stack)
     context = stage_context(folder, output.files, wheelhouse)

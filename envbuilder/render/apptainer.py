@@ -36,6 +36,10 @@ def _post(steps: list[Step], drop_wheelhouse: bool) -> list[str]:
 
 
 def _files(copies: list[Copy]) -> list[str]:
+    # a SIF has no layers: a Copy that leaves paths out for layers of their own copies whole here,
+    # and the Copies of those paths are dropped
+    left_out = {(c.from_stage, p) for c in copies for p in c.without}
+    copies = [c for c in copies if (c.from_stage, c.source) not in left_out]
     lines = []
     by_stage: dict = {}
     for c in copies:

@@ -31,8 +31,24 @@ def _step(step: Step) -> list[str]:
 
 
 def _copy(copy: Copy) -> list[str]:
-    src = f"--from={copy.from_stage} " if copy.from_stage else ""
+    stage = _rest_stage(copy) if copy.without else copy.from_stage
+    src = f"--from={stage} " if stage else ""
     return [f"COPY {src}{copy.source} {copy.dest}"]
+
+
+def _rest_stage(copy: Copy) -> str:
+    return f"{copy.from_stage}-rest"
+
+
+def _rest_stages(stage) -> list[list[str]]:
+    """A Copy that leaves paths out (earlier Copies bring them as layers of their own) copies from
+    a stage of its own: the source stage with those paths deleted (whiteouts: no data is copied).
+    Docker 20.10 has no COPY --exclude (BuildKit's needs the 1.7-labs frontend image)."""
+    out = []
+    for copy in (i for i in stage.items if isinstance(i, Copy) and i.without):
+        out.append([f"FROM {copy.from_stage} AS {_rest_stage(copy)}", SHELL, "",
+                    "RUN " + shell_join([f"rm -rf {p}" for p in copy.without])])
+    return out
 
 
 def render_dockerfile(plan: Plan, spec_sha: str) -> str:
@@ -43,9 +59,16 @@ def render_dockerfile(plan: Plan, spec_sha: str) -> str:
         "Local wheels (offline sites) go in ./wheelhouse/; they are bind-mounted, never copied into a layer.",
     ])
     multi = len(plan.stages) > 1
-    for n, stage in enumerate(plan.stages, 1):
-        out.append("")
+    n = 0
+    for stage in plan.stages:
         last = stage is plan.final
+        for rest in _rest_stages(stage):
+            n += 1
+            name = rest[0].split()[-1]
+            out += ["", f"# ---- stage {n}: {name} (the venv less what the runtime copies as layers of its own) "
+                    + "-" * 10] + rest
+        n += 1
+        out.append("")
         role = ("compilers and headers; only its results are copied on" if not last
                 else "what runs: no compilers, no build caches") if multi else "single stage"
         out.append(f"# ---- stage {n}: {stage.name} ({role}) " + "-" * 10)

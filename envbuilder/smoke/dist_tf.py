@@ -19,7 +19,7 @@ import os
 import socket
 import time
 
-from .common import FAIL, PASS, SKIP, bandwidth_result, bandwidth_row, fmt_bytes, result
+from .common import FAIL, PASS, bandwidth_result, bandwidth_row, fmt_bytes, gpu_absent, result
 from .dist_torch import launch_index
 
 TAG = "[tf]"
@@ -196,16 +196,14 @@ def check_gpu(ctx):
     import tensorflow as tf
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
-        want = bool(ctx.expect.get("gpu"))
-        return [result("gpu.devices" + TAG, FAIL if (want and ctx.require_gpu) else SKIP,
-                        "not run: no GPU")]
+        status, why = gpu_absent(ctx.expect, ctx.args.no_gpu)
+        return [result("gpu.devices" + TAG, status, why)]
     return [result("gpu.devices" + TAG, PASS, "%d visible: %s" % (len(gpus), ", ".join(g.name for g in gpus)),
                    "%d GPU(s)" % len(gpus))]
 
 
 def run(ctx, run_checks, threads):
     ctx.ranks = ctx.args.ranks
-    ctx.require_gpu = ctx.args.require_gpu
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     def setup(c):

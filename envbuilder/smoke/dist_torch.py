@@ -21,7 +21,7 @@ import os
 import socket
 import time
 
-from .common import FAIL, PASS, SKIP, bandwidth_result, bandwidth_row, fmt_bytes, result
+from .common import FAIL, PASS, SKIP, bandwidth_result, bandwidth_row, fmt_bytes, gpu_absent, result
 
 TAG = "[torch]"
 BANDWIDTH_SIZES = (4 << 10, 256 << 10, 4 << 20, 16 << 20)
@@ -271,9 +271,8 @@ def check_bandwidth(ctx, device=None, name=None, sizes=BANDWIDTH_SIZES):
 def check_gpu(ctx):
     td = ctx.td
     if not td.gpu:
-        want = bool(ctx.expect.get("gpu"))
-        why = "not run: no GPU" + (" (the manifest expects one; run on a GPU node)" if want else "")
-        status = FAIL if (want and ctx.require_gpu) else SKIP
+        # a GPU image fails here unless the user said --no-gpu (the same rule as every GPU check)
+        status, why = gpu_absent(ctx.expect, ctx.args.no_gpu)
         return [result(n + TAG, status, why) for n in GPU_NAMES]
     torch, dist = td.torch, td.dist
     out = []
@@ -332,7 +331,6 @@ def run(ctx, run_checks, threads):
     """The worker's main for controller 'torch' (ctx: worker.Ctx with args/progress)."""
     ctx.ranks = ctx.args.ranks
     ctx.args_timeout = float(os.environ.get("ENVBUILDER_SMOKE_TIMEOUT", "120") or 120)
-    ctx.require_gpu = ctx.args.require_gpu
 
     def setup(c):
         c.phase("import torch")

@@ -76,7 +76,7 @@ def assert_two_rank_ddp(checks: dict):
     assert all(s["busbw_GBps"] > 0 for s in sizes)
     for name in ("gpu.devices", "gpu.rank_map", "gpu.nccl_allreduce", "gpu.bf16_step"):
         c = checks[f"{name}[torch]"]
-        assert c["status"] == "skip" and c["detail"] == "not run: no GPU", c
+        assert c["status"] == "skip" and c["detail"] == "no GPU (CPU image)", c
 
 
 def test_verify_ddp_image_with_two_ranks_in_the_container(ddp_image, tmp_path):

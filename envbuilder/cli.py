@@ -95,48 +95,20 @@ def _job_args(p):
 
 @command("build", "check a spec, write Dockerfile, Apptainer.def, job.sbatch, manifest.json; build the image")
 def cmd_build(args) -> int:
-    from .generate import generate
-    from .output import write_folder
-    from .spec import load_spec
+    from .lockcmd import build_options
+    from .pipeline import BuildRequest, build
 
-    from .slurm.options import apply_job_options
+    def written(folder, shown, findings):
+        if not args.json:
+            _warn(findings, False)
+            print(f"wrote {folder}/")
+            for name in shown:
+                print(f"  {name}")
 
-    from .lockcmd import build_options, ensure_locked, existing_lock, lock_path
-
-    spec = apply_job_options(load_spec(args.spec), site=args.site, runtime=args.runtime, sweep=args.sweep)
-    want_sif = args.sif or "sif" in spec.targets
-    if args.sif and (args.no_build or args.engine != "docker"):
-        from .errors import EnvbuilderError
-
-        raise EnvbuilderError("--sif", "the SIF is made from the image the Docker engine builds",
-                              "leave out --no-build / --engine apptainer (apptainer build writes its own .sif)")
-    path = lock_path(spec, args.lock, args.out)
-    opts = build_options(args)
-    out = generate(spec, existing_lock(path))      # an existing lock is used as is, if it matches
-    folder = Path(args.out) if args.out else Path("images") / spec.name
-    written = write_folder(folder, out.files, complete=True)
-    shown = sorted({str(folder / p.relative_to(folder).parts[0]) for p in written})
-    result = {"ok": True, "folder": str(folder), "files": shown,
-              "findings": [f.as_dict() for f in out.stack.findings]}
-    if not args.json:
-        _warn(out.stack.findings, False)
-        print(f"wrote {folder}/")
-        for name in shown:
-            print(f"  {name}")
-    if want_sif and not args.no_build and args.engine == "docker":
-        from .sif.build import require_tools
-
-        require_tools()                   # before an hour of build, not after
-    if not args.no_build:
-        from .engines import build_image
-
-        out = ensure_locked(opts, spec, folder, out, path)      # no lock yet: resolve and write one
-        result["image"] = build_image(folder, out, opts)
-        if want_sif and args.engine == "docker":
-            from .engines.docker import docker_cli
-            from .sif.build import make_sif
-
-            result["sif"] = make_sif(folder, result["image"]["tag"], docker=docker_cli(), quiet=args.json)
+    req = BuildRequest(spec=args.spec, opts=build_options(args), out=args.out, lock=args.lock,
+                       site=args.site, runtime=args.runtime, sweep=tuple(args.sweep),
+                       no_build=args.no_build, sif=args.sif)
+    result = build(req, on_written=written)
     if args.json:
         _print_json(result)
     return 0

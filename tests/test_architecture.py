@@ -146,6 +146,28 @@ def test_only_the_cli_layer_knows_argparse():
     assert not bad, "\n".join(bad)
 
 
+def test_only_the_pipeline_knows_the_build_order():
+    """envbuilder/pipeline.py alone runs the build's steps in order (lock, engine, SIF): no other
+    module calls the engine or the lock-before-build step, and the CLI's build command only parses
+    and prints."""
+    steps = {"build_image", "ensure_locked"}
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        module, _ = _module_name(path)
+        if module == "envbuilder.pipeline":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if name in steps:
+                    bad.append(f"{module} calls {name}()")
+    assert not bad, "\n".join(bad)
+    cli = ast.parse((PKG / "cli.py").read_text(encoding="utf-8"))
+    build_cmd = next(n for n in ast.walk(cli) if isinstance(n, ast.FunctionDef) and n.name == "cmd_build")
+    imported = {a.name for n in ast.walk(build_cmd) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert imported <= {"build_options", "BuildRequest", "build"}, imported
+
+
 def test_runtime_names_are_dispatched_only_in_the_registry():
     """A runtime is one class in envbuilder/runtimes/, created by name there: no other module
     compares a runtime variable with a runtime's name (`rt.name == "host"`, `runtime in

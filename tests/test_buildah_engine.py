@@ -95,7 +95,7 @@ def repro(tmp_path_factory, locked, ca_bundle):
     out = root / "out"
     shutil.copytree(locked_out, out)
     r = run_envbuilder("build", str(spec), "--out", str(out), "--engine", "buildah", "--tag", TAG,
-                       "--check-reproducible", "--export", "docker", "--export", "oci-archive",
+                       "--check-reproducible", "--export", "docker", "--export", "oci-archive", "--sif",
                        "--wheelhouse", wheelhouse(), "--ca-bundle", str(ca_bundle), env=env, timeout=2400)
     yield out, r, env
     subprocess.run([docker_cli(), "rmi", "-f", TAG], capture_output=True)
@@ -146,6 +146,31 @@ def test_oci_archive_is_what_apptainer_takes(repro):
     record = json.loads((out / "image.json").read_text())
     assert f"blobs/sha256/{record['id'].split(':')[1]}" in names
     assert not list(out.glob("*.part"))
+
+
+def test_sif_is_made_from_the_oci_archive_without_docker(repro):
+    """`build --engine buildah --sif`: the .sif comes from the OCI archive buildah wrote, as
+    `apptainer build x.sif oci-archive://image.oci.tar` would make it."""
+    out, r, _ = repro
+    assert r.code == 0
+    sif = out / "cpu-torch-buildah.sif"
+    assert sif.is_file() and not list(out.glob(".*.sif*")), sorted(p.name for p in out.iterdir())
+    listing = subprocess.run(["siftool", "list", str(sif)], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"FS\s+\(Squashfs/\*System/amd64\)", listing), listing
+    assert "Def.FILE" in listing, listing
+    dump = subprocess.run(["siftool", "dump", "1", str(sif)], capture_output=True, check=True).stdout
+    assert dump.decode() == "bootstrap: oci-archive\nfrom: image.oci.tar\n"
+
+
+def test_sif_with_the_apptainer_engine_is_refused(locked, tmp_path):
+    spec, locked_out = locked
+    out = tmp_path / "out"
+    shutil.copytree(locked_out, out)
+    before = {n: (out / n).read_text() for n in ("envbuilder.lock", "Dockerfile")}
+    r = run_envbuilder("build", str(spec), "--out", str(out), "--engine", "apptainer", "--sif")
+    assert r.code == 2 and "Traceback" not in r.err, r.err
+    assert "--sif" in r.err and "apptainer build" in r.err and "--engine docker, buildah or podman" in r.err
+    assert {n: (out / n).read_text() for n in before} == before
 
 
 def test_ca_bundle_and_wheelhouse_stay_out_of_the_layers(repro):

@@ -15,6 +15,10 @@ character can never be made safe in a line-oriented file, so it never reaches on
     apptainer_export(k, v) one %environment line: export K='literal'
     apptainer_line(v)      one line of %labels / %help / %runscript / header text
     sbatch_value(v)        a #SBATCH option value as sbatch's parser reads it
+    metadata_dq(v)         POSIX shell, inside "...": every character literal, newlines
+                           included (an image's own ENV values in the SIF's scripts)
+    metadata_words(vs)     POSIX shell words, every character literal, newlines included
+                           (an image's ENTRYPOINT/CMD in the SIF's runscript)
     (credentials in URLs are hidden by redact.py, the layer below this one)
 """
 
@@ -92,6 +96,18 @@ def _dq(value: str, what: str, special: str) -> str:
         pos = m.end()
     out.append(re.sub(special, r"\\\1", value[pos:]))
     return "".join(out)
+
+
+def metadata_dq(value: str) -> str:
+    """The inside of "..." holding an image's own metadata literally. Unlike shell_dq nothing
+    expands and a newline is carried (inside double quotes it is text): the image's ENV and
+    ENTRYPOINT are the image author's, copied as Apptainer's own conversion copies them."""
+    return re.sub(r'([\\"`$])', r"\\\1", str(value))
+
+
+def metadata_words(values) -> str:
+    """Shell words that are an image's ENTRYPOINT/CMD, each literal (newlines carried)."""
+    return " ".join(shlex.quote(str(v)) for v in values)
 
 
 def shell_assign(name: str, value: str, what: str = "value") -> str:

@@ -590,3 +590,25 @@ def test_lock_resolver_notes_are_one_line_each_at_any_depth():
     with pytest.raises(EnvbuilderError) as exc:
         loads(json.dumps(lock))
     assert "resolved_at" in exc.value.message()
+
+
+def test_the_sifs_env_and_runscript_carry_the_images_metadata_literally(tmp_path):
+    """The SIF's env/10-docker2singularity.sh and runscript are shell made from the image's
+    own ENV and ENTRYPOINT/CMD (quoting.metadata_*): run by /bin/sh, every value comes back
+    as written ($(...), backticks, quotes, a newline) and nothing runs."""
+    from envbuilder.sif.metadata import docker_env_script, runscript
+    from envbuilder.sif.rootfs import ImageConfig
+
+    canary = tmp_path / "ran"
+    nasty = f'a "b" `touch {canary}` $(touch {canary}) $HOME \\ \'q\'\nline2'
+    config = ImageConfig(env=["PATH=/usr/bin:/bin", f"HB_NASTY={nasty}"],
+                         entrypoint=["/bin/sh", "-c", 'printf "%s|" "$0" "$@"; printf "%s" "$HB_NASTY"'],
+                         cmd=["x y", nasty])
+    env_sh = tmp_path / "env.sh"
+    env_sh.write_text(docker_env_script(config.env))
+    run_sh = tmp_path / "runscript"
+    run_sh.write_text(runscript(config))
+    out = subprocess.run(["/bin/sh", "-c", f'. {shlex.quote(str(env_sh))}; . {shlex.quote(str(run_sh))}'],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, check=True)
+    assert out.stdout == f"x y|{nasty}|{nasty}"
+    assert not canary.exists()

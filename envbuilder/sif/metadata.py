@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..quoting import metadata_dq, metadata_words
 from .rootfs import ImageConfig
 
 VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")      # Apptainer's variableRegex
@@ -83,11 +83,6 @@ FOLDERS = (".singularity.d/libs", ".singularity.d/actions", ".singularity.d/env"
            "root", "var/tmp", "tmp", "etc", "sys", "home")
 
 
-def _shell_escape(value: str) -> str:
-    """Inside double quotes: what the shell would expand or end the quoting on."""
-    return re.sub(r'([\\"`$])', r"\\\1", value)
-
-
 def docker_env_script(env: list[str]) -> str:
     """env/10-docker2singularity.sh: the image's ENV. PATH is set as is; every other variable
     keeps a value the caller already has (`${NAME:-"value"}`), as Apptainer's conversion does."""
@@ -99,16 +94,16 @@ def docker_env_script(env: list[str]) -> str:
         if not sep:
             lines.append(f'export {name}="${{{name}:-}}"')
         elif name == "PATH":
-            lines.append(f'export PATH="{_shell_escape(value)}"')
+            lines.append(f'export PATH="{metadata_dq(value)}"')
         else:
-            lines.append(f'export {name}="${{{name}:-"{_shell_escape(value)}"}}"')
+            lines.append(f'export {name}="${{{name}:-"{metadata_dq(value)}"}}"')
     return "\n".join(lines) + "\n"
 
 
 def runscript(config: ImageConfig) -> str:
     """`apptainer run`: ENTRYPOINT + CMD, arguments replacing CMD (OCI semantics, no eval)."""
-    entry = " ".join(shlex.quote(a) for a in config.entrypoint)
-    cmd = " ".join(shlex.quote(a) for a in config.cmd)
+    entry = metadata_words(config.entrypoint)
+    cmd = metadata_words(config.cmd)
     lines = ["#!/bin/sh", "# the image's ENTRYPOINT and CMD; arguments replace CMD"]
     if entry and cmd:
         lines += [f'if [ "$#" -eq 0 ]; then set -- {cmd}; fi', f'exec {entry} "$@"']

@@ -8,7 +8,14 @@ from __future__ import annotations
 from .components import conda, cuda, framework, horovod, mpi, packages, python, system
 
 def glibc(stack) -> str:
-    return str((stack.catalog.os(stack.os_name) or {}).get("glibc", "2.28"))
+    return str((stack.catalog.os(stack.os_name) or {}).get("glibc") or stack.catalog.default_glibc())
+
+
+def _machine(stack) -> dict:
+    """The wheel platform's machine for a non-x86_64 image (x86_64 is the lock's default, so the
+    inputs of existing locks stay as they were)."""
+    machine = stack.catalog.arch(stack.spec.target_arch)["manylinux"]
+    return {} if machine == "x86_64" else {"machine": machine}
 
 
 def pip_groups(stack) -> dict[str, list[str]]:
@@ -36,6 +43,6 @@ def needs(stack) -> dict:
         "sources": {s["name"]: s["version"] for s in source_tarballs(stack)},
         "pip": {"groups": pip_groups(stack), "python": stack.python, "glibc": glibc(stack),
                 "extra_index_urls": [stack.framework_index_url] if stack.framework_index_url else [],
-                "in_image": bool(stack.ngc)},
+                "in_image": bool(stack.ngc), **_machine(stack)},
         "conda": conda.lock_needs(stack),
     }

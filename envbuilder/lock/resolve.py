@@ -44,6 +44,9 @@ def differences(lock: Lock, stack, want: dict) -> list[str]:
     for key in ("python", "glibc", "extra_index_urls", "in_image"):
         if wp[key] != hp.get(key):
             out.append(f"pip.{key}: {wp[key]!r} for the spec, {hp.get(key)!r} in the lock")
+    if wp.get("machine", "x86_64") != hp.get("machine", "x86_64"):
+        out.append(f"pip.machine: {wp.get('machine', 'x86_64')} wheels for the spec, "
+                   f"{hp.get('machine', 'x86_64')} in the lock")
     for group in PIP_GROUPS:
         a, b = set(wp["groups"].get(group, [])), set(hp.get("groups", {}).get(group, []))
         out += [f"pip.{group}: {r} is in the spec, not in the lock" for r in sorted(a - b)]
@@ -183,9 +186,9 @@ def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, upd
                 # the layers before the spec's packages keep their own versions (not the overrides)
                 earlier = pip_by_name({g: es for g, es in previous.pip.items() if g != "packages"})
                 prefer_earlier = {n: e["version"] for n, e in earlier.items() if n not in moved}
-            tgt = pip_.target(wp["python"], wp["glibc"])
+            tgt = pip_.target(wp["python"], wp["glibc"], wp.get("machine", "x86_64"))
             say(f"pip: {sum(len(g) for g in wp['groups'].values())} requirements for Python {tgt['python']}, "
-                f"glibc {tgt['glibc']}")
+                f"glibc {tgt['glibc']}, {tgt['markers']['platform_machine']}")
             lock.pip = pip_.resolve(wp["groups"], tgt, prefer=prefer, prefer_earlier=prefer_earlier,
                                     extra_index_urls=wp["extra_index_urls"],
                                     find_links=wheelhouse, ca_bundle=ca_bundle)

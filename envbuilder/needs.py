@@ -18,6 +18,11 @@ def _machine(stack) -> dict:
     return {} if machine == "x86_64" else {"machine": machine}
 
 
+def bootstrap_prefer(stack) -> dict[str, str]:
+    """Versions the lock keeps when they fit (not a need: the lock's inputs leave it out)."""
+    return python.bootstrap_prefer(stack)
+
+
 def pip_groups(stack) -> dict[str, list[str]]:
     """Each component's pip groups, in layer order (what changes least first)."""
     groups = {}

@@ -102,3 +102,13 @@ def test_real_resolution_for_aarch64_pins_aarch64_wheels():
     got = pip_.resolve({"packages": ["PyYAML==6.0.2"]}, pip_.target("3.11", "2.36", "aarch64"))["packages"]
     entry = next(e for e in got if e["name"] == "PyYAML")
     assert entry["file"].endswith("_aarch64.whl") and "cp311" in entry["file"] and len(entry["sha256"]) == 64
+
+
+def test_the_bootstrap_tools_versions_are_written_once():
+    from envbuilder.components.python import BOOTSTRAP, bootstrap_prefer
+
+    pins = [re.compile(re.escape(b.split("==")[0]) + r"['\"]?\s*[:=]+\s*['\"]?" + re.escape(b.split("==")[1]))
+            for b in BOOTSTRAP]
+    hits = {r.pattern: [str(p.relative_to(ROOT)) for p in PKG.rglob("*.py") if r.search(p.read_text())] for r in pins}
+    assert all(files == ["envbuilder/components/python.py"] for files in hits.values()), hits
+    assert bootstrap_prefer(_stack("cpu-torch-ddp.yaml")) == {"setuptools": "69.5.1", "wheel": "0.43.0"}

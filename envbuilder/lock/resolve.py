@@ -19,7 +19,6 @@ from . import pip as pip_
 from . import sources as sources_
 from .model import PIP_GROUPS, Lock, LockError, canonical_name, pip_by_name
 
-BOOTSTRAP_PREFER = {"setuptools": "69.5.1", "wheel": "0.43.0"}
 
 
 def differences(lock: Lock, stack, want: dict) -> list[str]:
@@ -100,10 +99,11 @@ def _targets(update: list[str], lock: Lock | None) -> dict[str, set]:
 def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, update: list[str] | None = None,
                  wheelhouse: str | None = None, ca_bundle: str | None = None,
                  conda_lockfile: str | None = None, progress=None,
-                 sources: list[dict] | None = None) -> Lock:
+                 sources: list[dict] | None = None, prefer: dict[str, str] | None = None) -> Lock:
     """A complete lock for ``stack`` needing ``want``; kinds unchanged since ``previous`` keep their
     entries. ``client(why)`` gives a Docker SDK client, called only when a kind needs the engine;
-    ``sources``: the source tarballs the components want (needs.source_tarballs)."""
+    ``sources``: the source tarballs the components want (needs.source_tarballs); ``prefer``: versions
+    pip keeps when they fit (the bootstrap tools' usual pins, needs.bootstrap_prefer)."""
     say = progress or (lambda msg: None)
     make_client = client
     targets = _targets(update or [], previous)
@@ -175,7 +175,7 @@ def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, upd
             say(f"pip: resolving {len(reqs)} requirements inside {stack.base}")
             lock.pip = {"packages": pip_.resolve_in_image(client, lock.base["devel"]["pinned"], reqs)} if reqs else {}
         else:
-            prefer, prefer_earlier = dict(BOOTSTRAP_PREFER), None
+            prefer, prefer_earlier = dict(prefer or {}), None
             if previous and previous.pip:
                 # keep every version the change does not touch: --update NAME re-resolves NAME; a
                 # changed spec re-resolves the packages whose requirements changed (new pins,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..plan import Step
 from ..resolve import Stack
 from ..versions import satisfies
-from .python import locked_env, pip, python_exe
+from .python import pip, pip_env, python_exe
 
 # Horovod 0.28.1's install_requires, pinned (PyPI, versions that support Python 3.8 - 3.13).
 REQUIRES = ["cloudpickle==3.0.0", "packaging==24.0", "psutil==5.9.8", "PyYAML==6.0.1"]
@@ -166,7 +166,7 @@ def devel_steps(stack: Stack) -> list[Step]:
     ops = ", ".join(hv.operations)
     return [Step("horovod", f"Horovod {hv.version} with {ops}, built against "
                             f"{stack.spec.framework.name} {stack.spec.framework.version}",
-                 cmds, build_env={**build_flags(stack), **locked_env(stack)}, network=True, notes=notes,
+                 cmds, build_env={**build_flags(stack), **pip_env(stack)}, network=True, notes=notes,
                  mounts=mounts)]
 
 

@@ -57,11 +57,11 @@ class Stack:
         if fw.index_url:
             return fw.index_url
         if fw.name == "pytorch" and self.spec.cuda and not self.spec.cuda.from_pypi:
-            return "https://download.pytorch.org/whl/cu" + minor(self.spec.cuda.version).replace(".", "")
+            return self.catalog.framework_index("pytorch", minor(self.spec.cuda.version))
         if fw.name == "pytorch" and self.spec.target_arch == "aarch64" and "+cpu" not in fw.version:
             # PyPI's aarch64 torch is a CUDA build since 2.14 (torch_pypi_2611): CPU nodes take
             # the CPU index's
-            return "https://download.pytorch.org/whl/cpu"
+            return self.catalog.framework_index("pytorch", None)
         return None
 
     @property
@@ -139,11 +139,6 @@ def resolve(spec: Spec, catalog: Catalog | None = None) -> Stack:
     found = check(spec, cat)
     ctx = context_for(spec, cat)
     base = ctx.base
-    if spec.runtime_base:
-        runtime = spec.runtime_base
-    elif base.startswith("nvidia/cuda:") and "-devel-" in base:
-        runtime = base.replace("-devel-", "-runtime-")
-    else:
-        runtime = base
+    runtime = spec.runtime_base or cat.runtime_image(base) or base
     return Stack(spec=spec, catalog=cat, base=base, runtime_base=runtime, os_name=ctx.os_name,
                  ngc=ctx.ngc, findings=found)

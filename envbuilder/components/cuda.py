@@ -83,11 +83,12 @@ def toolkit_steps(stack: Stack) -> list[Step]:
     from .python import pip, pip_env
 
     tree, cmajor = wheel_tree(stack), stack.cuda_major
+    target = stack.catalog.arch(stack.spec.target_arch)["cuda_target"]
     locked, mounts = pip_group(stack, "toolkit", pip(stack))
     cmds = (locked or [f"{pip(stack)} {shell_word(req, 'cuda toolkit')}"]) + [
         f"ln -s lib {tree}/lib64",
         f"mkdir -p {tree}/targets",
-        f"ln -s .. {tree}/targets/x86_64-linux",
+        f"ln -s .. {tree}/targets/{target}",
         f"ln -s libcudart.so.{cmajor} {tree}/lib/libcudart.so",
         f"ln -s libnccl.so.2 {nccl_dir(stack)}/lib/libnccl.so",
         f"ln -s {tree} {CUDA_HOME}",
@@ -95,7 +96,7 @@ def toolkit_steps(stack: Stack) -> list[Step]:
     ]
     notes = [
         f"{req}: the framework's own cuda-toolkit pin plus nvcc and CCCL (source: PyPI METADATA of cuda-toolkit)",
-        "fix toolkit layout: nvcc.profile looks for include/ under targets/x86_64-linux and for lib64/; "
+        f"fix toolkit layout: nvcc.profile looks for include/ under targets/{target} and for lib64/; "
         "the wheels have lib/ only: symlinks make the CUDA_HOME an installer makes (source: nvcc.profile of "
         "nvidia-cuda-nvcc)",
         "fix link names: the wheels ship libcudart.so.N and libnccl.so.2 without the unversioned names "

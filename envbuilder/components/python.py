@@ -79,6 +79,14 @@ def pip_groups(stack: Stack) -> dict[str, list[str]]:
     return {"python": [b if b.startswith("pip==") else b.replace("==", ">=") for b in BOOTSTRAP]}
 
 
+def bootstrap_prefer(stack: Stack) -> dict[str, str]:
+    """The bootstrap tools' usual versions (BOOTSTRAP, the one place they are written): the lock's
+    pip resolution keeps them when the rest allows (pip's own pin is exact already)."""
+    if stack.ngc:
+        return {}
+    return dict(b.split("==", 1) for b in BOOTSTRAP if not b.startswith("pip=="))
+
+
 def runtime_copies(stack: Stack, without: list[Copy] = ()) -> list[Copy]:
     """The venv, less the parts copied as their own layers before it (``without``)."""
     return [Copy(VENV, VENV, from_stage="devel", without=tuple(c.source for c in without))]

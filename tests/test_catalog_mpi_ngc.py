@@ -295,3 +295,11 @@ def test_every_ngc_pytorch_base_renders(tmp_path, image):
                      CUDA=entry["cuda"])
     assert ("PIP_CONSTRAINT" in files["Dockerfile"]) == bool(entry.get("pip_constraint"))
     assert json.loads(files["manifest.json"])["expect"]["mpi"] == entry["mpi"]
+
+
+@pytest.mark.parametrize("arch,libdir", [("x86_64", "x86_64-linux-gnu"), ("aarch64", "aarch64-linux-gnu")])
+def test_open_mpi_4_with_pmi2_links_slurms_libpmi2_from_the_arch_s_multiarch_folder(tmp_path, arch, libdir):
+    text = OMPI5.replace('"5.0.10", pmi: pmix', '"4.1.8", pmi: pmi2') + f"arch: {arch}\n"
+    docker = files_of(tmp_path, text)["Dockerfile"]
+    assert f"--with-pmi=/usr --with-pmi-libdir=/usr/lib/{libdir} " in docker
+    assert "openmpi-4.1.8.tar.bz2" in docker and "libpmi2-0-dev" in docker

@@ -102,7 +102,8 @@ def configure_args(stack: Stack) -> list[str]:
                 "--with-hwloc=embedded", "--with-pm=hydra", shell_word(mpich_pmi_option(stack), "mpi.pmi"),
                 "--with-slurm=no",
                 "--disable-fortran", "--enable-shared", "--disable-static"]
-    pmi = "--with-pmix=internal" if mpi.pmi == "pmix" else "--with-pmi=/usr --with-pmi-libdir=/usr/lib/x86_64-linux-gnu"
+    libdir = f"/usr/lib/{stack.catalog.arch(stack.spec.target_arch)['multiarch']}"   # Slurm's libpmi2 (Debian multiarch)
+    pmi = "--with-pmix=internal" if mpi.pmi == "pmix" else f"--with-pmi=/usr --with-pmi-libdir={libdir}"
     return [f"--prefix={PREFIXES['openmpi']}", "--with-slurm", pmi, "--disable-man-pages", "--enable-shared",
             "--disable-static"]
 

@@ -48,6 +48,9 @@ def needs(stack) -> dict:
         "sources": {s["name"]: s["version"] for s in source_tarballs(stack)},
         "pip": {"groups": pip_groups(stack), "python": stack.python, "glibc": glibc(stack),
                 "extra_index_urls": [stack.framework_index_url] if stack.framework_index_url else [],
-                "in_image": bool(stack.ngc), **_machine(stack)},
+                "in_image": bool(stack.ngc), **_machine(stack),
+                # the base's constraint file (NGC PyTorch >= 25.03): the in-image resolution runs
+                # under it, as the build's pip steps do
+                **({"constraint": stack.pip_constraint} if stack.pip_constraint else {})},
         "conda": conda.lock_needs(stack),
     }

@@ -65,6 +65,12 @@ class Stack:
         return None
 
     @property
+    def pip_constraint(self) -> str | None:
+        """The base image's pip constraint file (NGC PyTorch >= 25.03: /etc/pip/constraint.txt,
+        catalog `pip_constraint`): every pip step on that base installs under it."""
+        return (self.ngc or {}).get("pip_constraint")
+
+    @property
     def framework_from_base(self) -> bool:
         return bool(self.ngc)
 

@@ -80,7 +80,7 @@ def toolkit_steps(stack: Stack) -> list[Step]:
     if not req:
         return []
     from ..lock.render import pip_group
-    from .python import locked_env, pip
+    from .python import pip, pip_env
 
     tree, cmajor = wheel_tree(stack), stack.cuda_major
     target = stack.catalog.arch(stack.spec.target_arch)["cuda_target"]
@@ -103,7 +103,7 @@ def toolkit_steps(stack: Stack) -> list[Step]:
         "CMake's find_library and -lcudart look for (source: RECORD of nvidia-cuda-runtime and nvidia-nccl-cu13)",
     ]
     return [Step("cuda", f"CUDA toolkit wheels for compiling Horovod's NCCL operations ({CUDA_HOME} -> {tree})",
-                 cmds, network=True, mounts=mounts, notes=notes, build_env=locked_env(stack))]
+                 cmds, network=True, mounts=mounts, notes=notes, build_env=pip_env(stack))]
 
 
 def toolkit_packages(stack: Stack) -> list[str]:
@@ -174,12 +174,12 @@ def wheel_steps(stack: Stack) -> list[Step]:
     """The NVIDIA wheels the framework depends on, in a layer before the framework's own: they change
     least. Only with a lock (its cuda group); without one the framework step installs them."""
     from ..lock.render import pip_group
-    from .python import locked_env, pip
+    from .python import pip, pip_env
 
     locked, mounts = pip_group(stack, "cuda", pip(stack))
     if not locked:
         return []
     n = len(stack.lock.pip["cuda"])
     return [Step("cuda", f"NVIDIA's CUDA wheels the framework depends on ({n} wheels: CUDA runtime, cuDNN, "
-                         f"NCCL, ...)", locked, network=True, mounts=mounts, build_env=locked_env(stack),
+                         f"NCCL, ...)", locked, network=True, mounts=mounts, build_env=pip_env(stack),
                  notes=["their own layer before the framework's: a framework or package change leaves it cached"])]

@@ -303,12 +303,14 @@ def _resolve(groups: dict[str, list[str]], tgt: dict, *, index_url: str | None =
     return split_groups(groups, data.get("install", []), tgt["markers"])
 
 
-def resolve_in_image(client, image: str, reqs: list[str]) -> list[dict]:
-    """Resolve in the image itself (NGC bases: only what the image lacks gets installed)."""
+def resolve_in_image(client, image: str, reqs: list[str], constraint: str | None = None) -> list[dict]:
+    """Resolve in the image itself (NGC bases: only what the image lacks gets installed), under
+    the image's pip constraint file when it has one (PIP_CONSTRAINT, as the build's pip steps)."""
+    env = {"PIP_CONSTRAINT": constraint} if constraint else None
     try:
         out = client.containers.run(image, ["python", "-m", "pip", "install", "--dry-run", "--quiet",
                                             "--disable-pip-version-check", "--report", "-", *reqs],
-                                    remove=True, stdout=True, stderr=False)
+                                    remove=True, stdout=True, stderr=False, environment=env)
     except Exception as exc:  # docker.errors.ContainerError / ImageNotFound / APIError
         raise CheckFailed("lock: pip", f"resolving in {image} failed: {exc}",
                           f"docker pull {image}, and check the spec's pip packages exist") from None

@@ -40,9 +40,9 @@ def differences(lock: Lock, stack, want: dict) -> list[str]:
         if ws.get(name) != hs.get(name):
             out.append(f"sources: {name} {ws.get(name) or 'none'} in the spec, {hs.get(name) or 'none'} in the lock")
     wp, hp = want["pip"], have.get("pip", {})
-    for key in ("python", "glibc", "extra_index_urls", "in_image"):
-        if wp[key] != hp.get(key):
-            out.append(f"pip.{key}: {wp[key]!r} for the spec, {hp.get(key)!r} in the lock")
+    for key in ("python", "glibc", "extra_index_urls", "in_image", "constraint"):
+        if wp.get(key) != hp.get(key):
+            out.append(f"pip.{key}: {wp.get(key)!r} for the spec, {hp.get(key)!r} in the lock")
     if wp.get("machine", "x86_64") != hp.get("machine", "x86_64"):
         out.append(f"pip.machine: {wp.get('machine', 'x86_64')} wheels for the spec, "
                    f"{hp.get('machine', 'x86_64')} in the lock")
@@ -173,7 +173,8 @@ def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, upd
             client = client or make_client("Python packages on an NGC base")
             reqs = wp["groups"].get("packages", [])
             say(f"pip: resolving {len(reqs)} requirements inside {stack.base}")
-            lock.pip = {"packages": pip_.resolve_in_image(client, lock.base["devel"]["pinned"], reqs)} if reqs else {}
+            lock.pip = {"packages": pip_.resolve_in_image(client, lock.base["devel"]["pinned"], reqs,
+                                                          wp.get("constraint"))} if reqs else {}
         else:
             prefer, prefer_earlier = dict(prefer or {}), None
             if previous and previous.pip:

@@ -234,7 +234,6 @@ def _rootless_user(home: Path) -> pwd.struct_passwd:
     return user
 
 
-@long_build
 def test_rootless_podman_build_as_a_non_root_user(locked, tmp_path):
     """What a login node has: no daemon, no root; the base image comes as an archive."""
     require_binary("podman", "run .ci/install-system.sh")

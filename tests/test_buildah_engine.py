@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import base_image, docker_cli, long_build, require_binary, require_docker, wheelhouse
+from infra import base_image, docker_cli, require_binary, require_docker, wheelhouse
 
 CA_MARKER = "envbuilder-buildah-ca-marker-5d21e0"
 TAG = "localhost/envbuilder-buildah-test/cpu-torch:repro"

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import base_image, docker_cli, long_build, require_docker
+from infra import base_image, docker_cli, require_docker
 
 RECIPE = RECIPES / "cpu-tf-multiworker.yaml"
 
@@ -33,7 +33,6 @@ def tf_mw_image(tmp_path_factory):
         subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
 
 
-@long_build
 def test_two_workers_of_multiworker_mirrored_strategy(tf_mw_image, tmp_path):
     report = tmp_path / "report.json"
     t0 = time.time()

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from ..smoke.common import FAIL, REPORT_SCHEMA, result
+from . import placement
 
 REPORT_NAME = "smoke-report.json"
 
@@ -38,10 +39,16 @@ def collect(output_dir: Path, job: dict) -> dict:
                   "started": job.get("submitted"),
                   "checks": [result("slurm.job", FAIL, f"{why}\njob output ({job.get('log')}):\n{tail}",
                                     job.get("state", "?"))]}
-    elif job.get("state") not in ("COMPLETED", "FAILED"):
-        # the suite reported, then Slurm stopped the job (time limit, cancel): say so
-        report["checks"].append(result("slurm.job", FAIL, f"job {job.get('id')} ended {job.get('state')}",
-                                       job.get("state", "?")))
-        report["ok"] = False
+    else:
+        if job.get("ranks"):
+            # where the ranks ran, from their progress files (ranks per node)
+            where = placement.check(output_dir / "smoke", job["ranks"], job.get("nodes_asked", 1))
+            report["checks"].append(where)
+            report["ok"] = bool(report.get("ok")) and where["status"] != FAIL
+        if job.get("state") not in ("COMPLETED", "FAILED"):
+            # the suite reported, then Slurm stopped the job (time limit, cancel): say so
+            report["checks"].append(result("slurm.job", FAIL, f"job {job.get('id')} ended {job.get('state')}",
+                                           job.get("state", "?")))
+            report["ok"] = False
     report["slurm"] = job
     return report

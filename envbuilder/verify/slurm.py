@@ -187,7 +187,7 @@ def run_slurm(req: SlurmRequest, opts: VerifyOptions) -> tuple[Target, Outcome, 
     job = {"id": job_id, "state": state, "exit_code": rec.get("ExitCode"), "reason": rec.get("Reason"),
            "nodes": rec.get("NodeList"), "elapsed_s": _seconds(rec.get("RunTime", "0:0:0")),
            "wall_s": round(wall, 2), "submitted": t0, "output_dir": str(out_dir), "log": str(log),
-           "timed_out": timed_out}
+           "timed_out": timed_out, "ranks": opts.ranks, "nodes_asked": req.nodes}
     echo(f"job {job_id} {state.lower()} in {job['elapsed_s']:.0f} s (wall {wall:.0f} s)")
     report = collect(out_dir, job)
     exit_code = int(str(rec.get("ExitCode", "1:0")).split(":")[0] or 1)

@@ -232,7 +232,7 @@ cluster:
   stage: "{dataset}"
   command: {NODE_PYTHON} {base}/read.py
 {extra}""")
-    return build_folder(spec, base / "job", *sweep)
+    return build_folder(spec, base / "job", "--runtime", "host", *sweep)
 
 
 def test_staging_copies_once_per_node_and_the_local_folders_go_also_after_scancel(cluster, shared):

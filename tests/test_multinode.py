@@ -3,7 +3,8 @@ tools/minicluster (a controller and two compute nodes, each its own container wi
 and a fabric network; this machine is the login node). Nothing is mocked: real slurmctld/slurmd,
 srun --mpi=pmix, ranks on both nodes, charliecloud inside the nodes.
 
-Covered: 2 nodes x 2 ranks with the host runtime (Horovod over MPI; torch.distributed over Gloo)
+Covered: 2 nodes x 2 ranks with the host runtime (Horovod over MPI; torch.distributed over Gloo,
+srun mode and torchrun mode)
 and with charliecloud (the cpu-torch-ddp image converted once into the shared folder), ranks per
 node in the report; the management interface instead of the site's fabric one ends in a named
 failure within the timeout; a dataset staged once per node, read from each node's copy, removed
@@ -141,6 +142,23 @@ def test_torch_distributed_on_two_nodes_and_the_wrong_interface_is_named(cluster
     assert "NCCL_SOCKET_IFNAME = mgmt0" in init["detail"]
     assert wall < 90, wall
     print(f"wrong interface (torch.distributed): failed in {wall:.1f} s")
+
+
+def test_torchrun_mode_meets_at_the_first_node_across_two_nodes(cluster, shared):
+    # launcher: torchrun: one task per node runs torchrun; the nodes meet at the c10d rendezvous
+    # on the first node (MASTER_ADDR), which resolves to its fabric address on the nodes
+    spec = shared / "ddp-torchrun.yaml"
+    spec.write_text((RECIPES / "cpu-torch-ddp.yaml").read_text().replace("launcher: srun}", "launcher: torchrun}"))
+    folder = build_folder(spec, shared / "ddp-torchrun", "--runtime", "host")
+    assert "--rdzv_backend=c10d" in (folder / "job.sbatch").read_text()
+    r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "90")
+    failed = {c["name"]: c.get("detail", "")[:600] for c in report["checks"] if c["status"] == "fail"}
+    assert r.code == 0 and not failed, failed or r.err[-3000:]
+    c = checks(report)
+    assert c["dist.init[torch]"]["figure"] == "4 ranks, gloo"
+    # torchrun numbers the nodes in the order they joined: 2 ranks each, whichever node is first
+    assert c["slurm.placement"]["data"]["ranks_per_node"] == {"mc-n1": 2, "mc-n2": 2}
+    print(f"host runtime, torchrun mode 2x2: verify --slurm {wall:.1f} s")
 
 
 def test_the_wrong_interface_under_horovod_mpi_is_named_not_a_hang(cluster, shared):

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import (MINICLUSTER_ROOT, SMOKE_VENV_PYTHON, base_image, docker_cli, require_binary,
+from infra import (MINICLUSTER_ROOT, SMOKE_VENV_PYTHON, base_image, docker_cli, long_build, require_binary,
                    require_docker, require_minicluster, wheelhouse)
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -176,28 +176,36 @@ def test_the_wrong_interface_under_horovod_mpi_is_named_not_a_hang(cluster, shar
 
 # --------------------------------------------------------------------------- charliecloud
 
-@pytest.fixture(scope="module")
-def ddp_image(cluster, shared):
-    """The cpu-torch-ddp image (its layers are in the build cache once tests/test_distributed_ddp.py
-    ran) and the shared folder verify converts it into."""
+def built_image(shared: Path, recipe: str):
+    """Build RECIPE with the site profile (cached layers reused): yields (folder, the shared folder
+    verify converts it into); removes the image and its conversion unless they were there."""
     require_docker()
     base_image()
     require_binary("ch-convert", "apt-get install charliecloud")
-    out = shared / "ddp-ch"
-    probe = run_envbuilder("build", str(RECIPES / "cpu-torch-ddp.yaml"), *SITE, "--no-build", "--out", str(out))
+    out = shared / Path(recipe).stem
+    probe = run_envbuilder("build", str(RECIPES / recipe), *SITE, "--no-build", "--out", str(out))
     assert probe.code == 0, probe.err
     tag = json.loads((out / "manifest.json").read_text())["image"]["tag"]
     existed = subprocess.run([docker_cli(), "image", "inspect", tag], capture_output=True).returncode == 0
-    r = run_envbuilder("build", str(RECIPES / "cpu-torch-ddp.yaml"), *SITE, "--out", str(out),
+    r = run_envbuilder("build", str(RECIPES / recipe), *SITE, "--out", str(out),
                        "--ca-bundle", CA_BUNDLE, "--wheelhouse", wheelhouse(), timeout=2400)
     assert r.code == 0, r.err[-3000:]
     cache = ROOT / "shared" / "charliecloud"
     before = set(cache.iterdir()) if cache.is_dir() else set()
-    yield out, cache
-    for made in set(cache.iterdir()) - before if cache.is_dir() else ():
-        shutil.rmtree(made, ignore_errors=True)
-    if not existed:
-        subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
+    try:
+        yield out, cache
+    finally:
+        for made in set(cache.iterdir()) - before if cache.is_dir() else ():
+            shutil.rmtree(made, ignore_errors=True)
+        if not existed:
+            subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def ddp_image(cluster, shared):
+    """The cpu-torch-ddp image (its layers are in the build cache once tests/test_distributed_ddp.py
+    ran) and the shared folder verify converts it into."""
+    yield from built_image(shared, "cpu-torch-ddp.yaml")
 
 
 def test_charliecloud_on_two_nodes_with_the_image_converted_once_into_the_shared_folder(cluster, ddp_image):
@@ -211,6 +219,16 @@ def test_charliecloud_on_two_nodes_with_the_image_converted_once_into_the_shared
     assert len(images) >= 1 and all(str(d).startswith(str(ROOT / "shared")) for d in images)
     print(f"charliecloud torch.distributed 2x2: verify --slurm {wall:.1f} s (incl. ch-convert into "
           f"{cache}), job {report['slurm']['elapsed_s']} s")
+
+
+@long_build
+def test_charliecloud_horovod_over_mpi_on_two_nodes(cluster, shared):
+    # the cpu-torch image compiles Horovod (minutes on 2 cores): outside CI's budget
+    for folder, cache in built_image(shared, "cpu-torch.yaml"):
+        r, report, wall = verify(cluster, folder, "--timeout", "90", env={"ENVBUILDER_CH_CACHE": str(cache)})
+        assert_all_passed_on_two_nodes(r, report)
+        assert checks(report)["horovod.init[mpi]"]["figure"] == "4 ranks, mpi controller"
+        print(f"charliecloud Horovod/MPI 2x2: verify --slurm {wall:.1f} s (incl. ch-convert)")
 
 
 # --------------------------------------------------------------------------- staging, binds, sweep

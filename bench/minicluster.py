@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -84,6 +85,13 @@ def main() -> int:
 
     start, again = start_seconds(args.cold)
     work = Path(tempfile.mkdtemp(prefix="bench-", dir=SHARED))
+    try:
+        return measure(args, work, start, again)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(args, work: Path, start: float, again: float) -> int:
     rows, results = [], {"start_s": start, "start_again_s": again, "cold": args.cold}
     rows.append((f"cluster start ({'node image built' if args.cold else 'node image present'})", f"{start:.1f} s"))
     rows.append(("cluster start when already up", f"{again:.1f} s"))
@@ -114,7 +122,6 @@ def main() -> int:
           "ranks, nodes and daemons share them)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
-    subprocess.run(["rm", "-rf", str(work)])
     return 0
 
 

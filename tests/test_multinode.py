@@ -334,3 +334,23 @@ def test_a_two_node_sweep_leaves_one_report_per_task(cluster, shared):
         assert json.loads((task / "report.json").read_text()) == {"lr": lr, "ok": True}
         ranks = [json.loads((task / f"rank-{i}.json").read_text()) for i in range(4)]
         assert {r["host"] for r in ranks} == set(NODES) and {r["lr"] for r in ranks} == {lr}
+
+
+# --------------------------------------------------------------------------- no cluster needed
+
+def test_placement_counts_ranks_per_node_and_names_what_is_missing(tmp_path):
+    from envbuilder.slurm import placement
+
+    run = tmp_path / "run0-torch-mpi"
+    run.mkdir()
+    for rank, host in ((0, "a"), (1, "a"), (2, "b"), (3, "b")):
+        (run / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "host": host}))
+        (run / f"rank-{rank}.exit.json").write_text(json.dumps({"rank": rank, "returncode": 0}))
+    ok = placement.check(tmp_path, 4, 2)
+    assert ok["status"] == "pass" and ok["detail"] == "a: 2 (rank 0,1), b: 2 (rank 2,3)"
+    assert ok["figure"] == "a: 2, b: 2"
+    (run / "rank-3.json").unlink()
+    (run / "rank-2.json").write_text(json.dumps({"rank": 2, "host": "a"}))
+    bad = placement.check(tmp_path, 4, 2)
+    assert bad["status"] == "fail"
+    assert "rank(s) 3 never started" in bad["detail"] and "1 node(s) ran ranks, the job asked for 2" in bad["detail"]

@@ -24,7 +24,7 @@ from .lock.base import check_engine_base
 from .lock.diff import compare, identity_line, image_identity, load_any, table
 from .lock.model import LOCK_NAME, LockError, dump, load
 from .lock.resolve import resolve_lock
-from .needs import needs, source_tarballs
+from .needs import bootstrap_prefer, needs, source_tarballs
 from .output import write_folder
 from .resolve import resolve
 from .spec import load_spec
@@ -93,7 +93,8 @@ def ensure_locked(opts: BuildOptions, spec, folder: Path, out, path: Path):
         started = time.monotonic()
         check_inputs(opts.ca_bundle, opts.wheelhouse)
         lock = resolve_lock(out.stack, needs(out.stack), client=_client, progress=_say(quiet),
-                            sources=source_tarballs(out.stack), **_resolver_options(opts))
+                            sources=source_tarballs(out.stack), prefer=bootstrap_prefer(out.stack),
+                            **_resolver_options(opts))
         out = generate(spec, lock)
         write_folder(folder, out.files, complete=True)
         if path.parent.resolve() != folder.resolve():
@@ -146,7 +147,8 @@ def cmd_lock(args) -> int:
     check_inputs(opts.ca_bundle, opts.wheelhouse)
     started = time.monotonic()
     lock = resolve_lock(stack, needs(stack), client=_client, previous=previous, update=args.update,
-                        progress=_say(args.json), sources=source_tarballs(stack), **_resolver_options(opts))
+                        progress=_say(args.json), sources=source_tarballs(stack), prefer=bootstrap_prefer(stack),
+                        **_resolver_options(opts))
     seconds = time.monotonic() - started
     if previous is not None and previous.inputs == lock.inputs and previous.flat() == lock.flat() \
             and previous.conda == lock.conda:

@@ -8,7 +8,19 @@ from __future__ import annotations
 from .components import conda, cuda, framework, horovod, mpi, packages, python, system
 
 def glibc(stack) -> str:
-    return str((stack.catalog.os(stack.os_name) or {}).get("glibc", "2.28"))
+    return str((stack.catalog.os(stack.os_name) or {}).get("glibc") or stack.catalog.default_glibc())
+
+
+def _machine(stack) -> dict:
+    """The wheel platform's machine for a non-x86_64 image (x86_64 is the lock's default, so the
+    inputs of existing locks stay as they were)."""
+    machine = stack.catalog.arch(stack.spec.target_arch)["manylinux"]
+    return {} if machine == "x86_64" else {"machine": machine}
+
+
+def bootstrap_prefer(stack) -> dict[str, str]:
+    """Versions the lock keeps when they fit (not a need: the lock's inputs leave it out)."""
+    return python.bootstrap_prefer(stack)
 
 
 def pip_groups(stack) -> dict[str, list[str]]:
@@ -36,6 +48,9 @@ def needs(stack) -> dict:
         "sources": {s["name"]: s["version"] for s in source_tarballs(stack)},
         "pip": {"groups": pip_groups(stack), "python": stack.python, "glibc": glibc(stack),
                 "extra_index_urls": [stack.framework_index_url] if stack.framework_index_url else [],
-                "in_image": bool(stack.ngc)},
+                "in_image": bool(stack.ngc), **_machine(stack),
+                # the base's constraint file (NGC PyTorch >= 25.03): the in-image resolution runs
+                # under it, as the build's pip steps do
+                **({"constraint": stack.pip_constraint} if stack.pip_constraint else {})},
         "conda": conda.lock_needs(stack),
     }

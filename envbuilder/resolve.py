@@ -57,12 +57,18 @@ class Stack:
         if fw.index_url:
             return fw.index_url
         if fw.name == "pytorch" and self.spec.cuda and not self.spec.cuda.from_pypi:
-            return "https://download.pytorch.org/whl/cu" + minor(self.spec.cuda.version).replace(".", "")
+            return self.catalog.framework_index("pytorch", minor(self.spec.cuda.version))
         if fw.name == "pytorch" and self.spec.target_arch == "aarch64" and "+cpu" not in fw.version:
             # PyPI's aarch64 torch is a CUDA build since 2.14 (torch_pypi_2611): CPU nodes take
             # the CPU index's
-            return "https://download.pytorch.org/whl/cpu"
+            return self.catalog.framework_index("pytorch", None)
         return None
+
+    @property
+    def pip_constraint(self) -> str | None:
+        """The base image's pip constraint file (NGC PyTorch >= 25.03: /etc/pip/constraint.txt,
+        catalog `pip_constraint`): every pip step on that base installs under it."""
+        return (self.ngc or {}).get("pip_constraint")
 
     @property
     def framework_from_base(self) -> bool:
@@ -133,11 +139,6 @@ def resolve(spec: Spec, catalog: Catalog | None = None) -> Stack:
     found = check(spec, cat)
     ctx = context_for(spec, cat)
     base = ctx.base
-    if spec.runtime_base:
-        runtime = spec.runtime_base
-    elif base.startswith("nvidia/cuda:") and "-devel-" in base:
-        runtime = base.replace("-devel-", "-runtime-")
-    else:
-        runtime = base
+    runtime = spec.runtime_base or cat.runtime_image(base) or base
     return Stack(spec=spec, catalog=cat, base=base, runtime_base=runtime, os_name=ctx.os_name,
                  ngc=ctx.ngc, findings=found)

@@ -189,7 +189,7 @@ def wheelhouse() -> str:
 LONG_ENV = "ENVBUILDER_LONG_BUILDS"
 
 # Builds that do not fit CI's 45-minute budget on 2 cores beside the rest of the suite (a
-# TensorFlow multi-worker image, a rootless cold build, the GPU images from PyPI wheels) run when
+# TensorFlow multi-worker image, the Horovod GPU image from PyPI wheels) run when
 # asked for: ENVBUILDER_LONG_BUILDS=1 .venv/bin/python -m pytest tests/...
 long_build = pytest.mark.skipif(os.environ.get(LONG_ENV, "") != "1",
                                 reason=f"a long image build: runs with {LONG_ENV}=1 (outside CI's budget)")

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import base_image, docker_cli, long_build, require_binary, require_docker, wheelhouse
+from infra import base_image, docker_cli, require_binary, require_docker, wheelhouse
 
 CA_MARKER = "envbuilder-buildah-ca-marker-5d21e0"
 TAG = "localhost/envbuilder-buildah-test/cpu-torch:repro"
@@ -234,7 +234,6 @@ def _rootless_user(home: Path) -> pwd.struct_passwd:
     return user
 
 
-@long_build
 def test_rootless_podman_build_as_a_non_root_user(locked, tmp_path):
     """What a login node has: no daemon, no root; the base image comes as an archive."""
     require_binary("podman", "run .ci/install-system.sh")

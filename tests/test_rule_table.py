@@ -81,6 +81,8 @@ TABLE = [
      "error", "mpi.version", "packages openmpi 4.1.2, not openmpi 4.1.5"),
     ("MPI_TARBALL", "gpu", {"mpi.version": "4.1.3"},
      "error", "mpi.version", "no pinned source tarball"),
+    ("MPICH_PMI", "cpu-torch", {"mpi": {"flavor": "mpich", "version": "4.3.2", "pmi": "pmix"}},
+     "error", "mpi.pmi", "builds MPICH with its PMI-2 client"),
     # --- NGC bases
     ("NGC_MPI", "ngc-tf", {"mpi.version": "4.1.5"},
      "warning", "mpi.version", "ships openmpi 4.1.6, not openmpi 4.1.5"),

@@ -230,3 +230,30 @@ def test_a_missing_bind_stops_the_job_at_once_naming_it(tmp_path):
     assert r.code == 1
     failed = [c for c in report["checks"] if c["status"] == "fail"]
     assert failed[0]["name"] == "slurm.job" and str(missing) in failed[0]["detail"]
+
+
+# --------------------------------------------------------------------------- tf-multiworker
+
+def test_tf_multiworker_inside_a_job_step_uses_slurms_cluster_resolver(tmp_path):
+    """MultiWorkerMirroredStrategy from the Slurm environment: 2 tasks of one srun step meet through
+    tf.distribute's SlurmClusterResolver (on a CPU node too: the resolver alone calls nvidia-smi
+    and lists no task without GPUs), exact collectives, identical weights."""
+    if not os.access(HOST_PYTHON, os.X_OK):
+        pytest.skip(f"no Python with TensorFlow at {HOST_PYTHON} (set ENVBUILDER_SMOKE_PYTHON)")
+    folder = tmp_path / "cpu-tf-multiworker"
+    r = run_envbuilder("build", str(RECIPES / "cpu-tf-multiworker.yaml"), "--no-build", "--out", str(folder),
+                       "--runtime", "host")
+    assert r.code == 0, r.err
+    r, report, wall = verify_slurm(folder, tmp_path, "--python", HOST_PYTHON)
+    checks = {c["name"]: c for c in report["checks"]}
+    failed = {n: c.get("detail", "")[:500] for n, c in checks.items() if c["status"] == "fail"}
+    assert r.code == 0 and not failed, failed or r.err[-3000:]
+    init = checks["dist.init[tf]"]
+    assert init["figure"] == "2 workers" and set(init["ranks"]) == {"0", "1"}
+    assert all(d["data"]["how"].startswith("SlurmClusterResolver") for d in init["ranks"].values())
+    assert checks["dist.collectives[tf]"]["figure"] == "24 cases exact"
+    for rank in ("0", "1"):
+        d = checks["train.mwms[tf]"]["ranks"][rank]["data"]
+        assert d["loss_after"] < d["loss_before"] * 0.5 and d["ranks_maxdiff_end"] == 0.0
+    assert report["slurm"]["state"] == "COMPLETED"
+    print(f"tf-multiworker: verify --slurm {wall:.1f} s, job {report['slurm']['elapsed_s']} s")

@@ -333,3 +333,19 @@ def test_compiled_arch_coverage_follows_binary_compatibility():
     assert static.covers(["7.5", "8.0", "9.0"], "8.6")         # sm_80 code runs on 8.6
     assert not static.covers(["8.0", "9.0"], "7.5")            # nothing for Turing
     assert not static.covers(["8.6"], "8.0")                   # newer minor does not run on older
+
+
+def test_tf_slurm_resolver_inputs_from_the_step_environment(monkeypatch):
+    """What dist_tf hands SlurmClusterResolver: the most tasks on a node from Slurm's compressed
+    list, and the GPUs of the node (Slurm's count, else CUDA_VISIBLE_DEVICES)."""
+    from envbuilder.smoke.dist_tf import gpus_on_node, max_tasks_per_node
+
+    assert max_tasks_per_node({"SLURM_STEP_TASKS_PER_NODE": "2(x2)"}) == 2
+    assert max_tasks_per_node({"SLURM_STEP_TASKS_PER_NODE": "3,1(x2)"}) == 3
+    assert max_tasks_per_node({"SLURM_TASKS_PER_NODE": "4"}) == 4
+    assert max_tasks_per_node({}) == 1
+    assert gpus_on_node({"SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0"}) == 4
+    assert gpus_on_node({"CUDA_VISIBLE_DEVICES": "0,1"}) == 2
+    assert gpus_on_node({"CUDA_VISIBLE_DEVICES": ""}) == 0
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert gpus_on_node({}) == 0            # no nvidia-smi: no GPU, no exception

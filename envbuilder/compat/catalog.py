@@ -57,6 +57,28 @@ class Catalog:
     def mpi_tarball(self, flavor: str, version: str) -> dict | None:
         return self.mpi(flavor)["tarballs"].get(version)
 
+    def arch(self, name: str) -> dict:
+        """Per-architecture names: wheel platform tag, Docker platform, multiarch, CUDA targets."""
+        return self.data["arches"][name]
+
+    def default_glibc(self) -> str:
+        return str(self.data["default_glibc"]["version"])
+
+    def framework_index(self, family: str, cuda: str | None) -> str | None:
+        """The extra index of a framework's non-PyPI wheels: the CUDA build for CUDA major.minor
+        ``cuda``, the CPU build for None (None: the framework has no such index)."""
+        entry = (self.data.get("indexes") or {}).get(family)
+        if not entry:
+            return None
+        return entry["cuda"].format(cuda=cuda.replace(".", "")) if cuda else entry["cpu"]
+
+    def runtime_image(self, devel: str) -> str | None:
+        """The runtime flavour of an nvidia/cuda devel image (None: not such an image)."""
+        ci = self.data["cuda_images"]
+        if devel.startswith(ci["prefix"]) and ci["devel"] in devel:
+            return devel.replace(ci["devel"], ci["runtime"])
+        return None
+
     def ngc(self, image: str) -> dict | None:
         return self.data["ngc"].get(image)
 

@@ -268,7 +268,13 @@ def mpi_rules(spec: Spec, ctx: Context):
     cat = ctx.catalog
     info = cat.mpi(mpi.flavor)
     allowed = info["pmi"].get(str(major(mpi.version)))
-    if allowed is not None and mpi.pmi not in allowed:
+    if mpi.flavor == "mpich" and allowed is not None and mpi.pmi not in allowed:
+        yield Finding("MPICH_PMI", ERROR, "mpi.pmi",
+                      f"envbuilder builds MPICH with its PMI-2 client (srun --mpi=pmi2, the launch "
+                      f"MPICH-ABI sites use), not {mpi.pmi!r}: MPICH with PMIx needs an external PMIx "
+                      "library and no Hydra process manager",
+                      "use pmi: pmi2 (mpi.pmi defaults to pmix, the Open MPI choice)", info["pmi_sources"])
+    elif allowed is not None and mpi.pmi not in allowed:
         yield Finding("MPI_PMI", ERROR, "mpi.pmi",
                       f"{mpi.flavor} {major(mpi.version)}.x does not support PMI {mpi.pmi!r} "
                       "(srun would start independent singleton ranks)",
@@ -289,12 +295,19 @@ def mpi_rules(spec: Spec, ctx: Context):
                           f"the base OS ({ctx.os_name}) packages openmpi {distro or 'unknown'}, "
                           f"not {mpi.flavor} {mpi.version}",
                           f"use version: \"{distro}\" or source: build", ["debian_pkgs"])
-    elif cat.mpi_tarball(mpi.flavor, mpi.version) is None:
-        known = ", ".join(info["tarballs"]) or "none yet"
+    elif (tar := cat.mpi_tarball(mpi.flavor, mpi.version)) is None:
+        known = ", ".join(v for v, t in info["tarballs"].items() if not t.get("prerelease")) or "none yet"
+        distro_fix = f", or version \"{distro}\" with source: distro" if distro and mpi.flavor == "openmpi" else ""
         yield Finding("MPI_TARBALL", ERROR, "mpi.version",
                       f"no pinned source tarball (URL + sha256) for {mpi.flavor} {mpi.version}",
-                      f"use one of {known}" + (f", or version \"{distro}\" with source: distro" if distro else ""),
-                      [])
+                      f"use one of {known}{distro_fix}", [])
+    elif tar.get("prerelease"):
+        # naming a release candidate is the opt-in: no default ever picks one
+        releases = [v for v, t in info["tarballs"].items() if not t.get("prerelease")]
+        yield Finding("MPI_PRERELEASE", WARN, "mpi.version",
+                      f"{mpi.flavor} {mpi.version} is a release candidate, not a release: its ABI, "
+                      "options and PMIx pairing may still change",
+                      f"for a production image use a release ({', '.join(releases[-3:])})", tar["sources"])
 
 
 # --- base image and Python ----------------------------------------------------------------------

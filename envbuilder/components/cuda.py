@@ -80,14 +80,15 @@ def toolkit_steps(stack: Stack) -> list[Step]:
     if not req:
         return []
     from ..lock.render import pip_group
-    from .python import locked_env, pip
+    from .python import pip, pip_env
 
     tree, cmajor = wheel_tree(stack), stack.cuda_major
+    target = stack.catalog.arch(stack.spec.target_arch)["cuda_target"]
     locked, mounts = pip_group(stack, "toolkit", pip(stack))
     cmds = (locked or [f"{pip(stack)} {shell_word(req, 'cuda toolkit')}"]) + [
         f"ln -s lib {tree}/lib64",
         f"mkdir -p {tree}/targets",
-        f"ln -s .. {tree}/targets/x86_64-linux",
+        f"ln -s .. {tree}/targets/{target}",
         f"ln -s libcudart.so.{cmajor} {tree}/lib/libcudart.so",
         f"ln -s libnccl.so.2 {nccl_dir(stack)}/lib/libnccl.so",
         f"ln -s {tree} {CUDA_HOME}",
@@ -95,14 +96,14 @@ def toolkit_steps(stack: Stack) -> list[Step]:
     ]
     notes = [
         f"{req}: the framework's own cuda-toolkit pin plus nvcc and CCCL (source: PyPI METADATA of cuda-toolkit)",
-        "fix toolkit layout: nvcc.profile looks for include/ under targets/x86_64-linux and for lib64/; "
+        f"fix toolkit layout: nvcc.profile looks for include/ under targets/{target} and for lib64/; "
         "the wheels have lib/ only: symlinks make the CUDA_HOME an installer makes (source: nvcc.profile of "
         "nvidia-cuda-nvcc)",
         "fix link names: the wheels ship libcudart.so.N and libnccl.so.2 without the unversioned names "
         "CMake's find_library and -lcudart look for (source: RECORD of nvidia-cuda-runtime and nvidia-nccl-cu13)",
     ]
     return [Step("cuda", f"CUDA toolkit wheels for compiling Horovod's NCCL operations ({CUDA_HOME} -> {tree})",
-                 cmds, network=True, mounts=mounts, notes=notes, build_env=locked_env(stack))]
+                 cmds, network=True, mounts=mounts, notes=notes, build_env=pip_env(stack))]
 
 
 def toolkit_packages(stack: Stack) -> list[str]:
@@ -173,12 +174,12 @@ def wheel_steps(stack: Stack) -> list[Step]:
     """The NVIDIA wheels the framework depends on, in a layer before the framework's own: they change
     least. Only with a lock (its cuda group); without one the framework step installs them."""
     from ..lock.render import pip_group
-    from .python import locked_env, pip
+    from .python import pip, pip_env
 
     locked, mounts = pip_group(stack, "cuda", pip(stack))
     if not locked:
         return []
     n = len(stack.lock.pip["cuda"])
     return [Step("cuda", f"NVIDIA's CUDA wheels the framework depends on ({n} wheels: CUDA runtime, cuDNN, "
-                         f"NCCL, ...)", locked, network=True, mounts=mounts, build_env=locked_env(stack),
+                         f"NCCL, ...)", locked, network=True, mounts=mounts, build_env=pip_env(stack),
                  notes=["their own layer before the framework's: a framework or package change leaves it cached"])]

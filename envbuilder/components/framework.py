@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..plan import Step
 from ..quoting import shell_word
 from ..resolve import Stack
-from .python import locked_env, pip
+from .python import pip, pip_env
 
 
 def devel_steps(stack: Stack) -> list[Step]:
@@ -19,7 +19,7 @@ def devel_steps(stack: Stack) -> list[Step]:
     locked, mounts = pip_group(stack, "framework", f"{pip(stack)}{extra}")
     return [Step("framework", f"{fw.name} {fw.version}", locked or [
         f"{pip(stack)}{extra} {shell_word(stack.framework_requirement, 'framework')}",
-    ], network=True, mounts=mounts, build_env=locked_env(stack))]
+    ], network=True, mounts=mounts, build_env=pip_env(stack))]
 
 
 def pip_groups(stack: Stack) -> dict[str, list[str]]:

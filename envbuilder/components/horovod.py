@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..plan import Step
 from ..resolve import Stack
 from ..versions import satisfies
-from .python import locked_env, pip, python_exe
+from .python import pip, pip_env, python_exe
 
 # Horovod 0.28.1's install_requires, pinned (PyPI, versions that support Python 3.8 - 3.13).
 REQUIRES = ["cloudpickle==3.0.0", "packaging==24.0", "psutil==5.9.8", "PyYAML==6.0.1"]
@@ -140,6 +140,13 @@ def devel_steps(stack: Stack) -> list[Step]:
         f"tar -xzf /tmp/horovod/horovod-{hv.version}.tar.gz -C /tmp/horovod",
     ]
     notes = [f"source: {sdist['url']} (sha256 pinned)"]
+    if "mpi" in hv.operations and stack.mpi_tarball:
+        # the MPI built into its prefix is not on the devel stage's PATH: Horovod's CMake finds
+        # MPI through the mpicc on PATH (HOROVOD_WITH_MPI=1 fails the build without one)
+        from . import mpi
+
+        cmds[:0] = [f'export PATH="{mpi.prefix(stack)}/bin:$PATH"']
+        notes.append(f"MPI: {stack.spec.mpi.flavor} {stack.spec.mpi.version} from {mpi.prefix(stack)} (mpicc on PATH)")
     if "nccl" in hv.operations:
         # Horovod's setup.py runs `make -j8` unless MAKEFLAGS is set (setup.py of horovod 0.28.1,
         # build_extensions): eight compilers at about 1 GB each (cc1plus: 0.9 GB seen here) on any builder.
@@ -166,7 +173,7 @@ def devel_steps(stack: Stack) -> list[Step]:
     ops = ", ".join(hv.operations)
     return [Step("horovod", f"Horovod {hv.version} with {ops}, built against "
                             f"{stack.spec.framework.name} {stack.spec.framework.version}",
-                 cmds, build_env={**build_flags(stack), **locked_env(stack)}, network=True, notes=notes,
+                 cmds, build_env={**build_flags(stack), **pip_env(stack)}, network=True, notes=notes,
                  mounts=mounts)]
 
 

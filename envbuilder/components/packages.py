@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..plan import Step
 from ..resolve import Stack
-from .python import locked_env, pip
+from .python import pip, pip_env
 
 
 def apt(stack: Stack) -> list[str]:
@@ -23,7 +23,7 @@ def pip_steps(stack: Stack) -> list[Step]:
         return []       # everything they need is already installed by an earlier group
     return [Step("packages", "extra Python packages from the spec", locked or [
         f"{pip(stack)} {' '.join(sorted(reqs, key=str.lower))}",
-    ], network=True, mounts=mounts, build_env=locked_env(stack))]
+    ], network=True, mounts=mounts, build_env=pip_env(stack))]
 
 
 def pip_groups(stack: Stack) -> dict[str, list[str]]:

@@ -40,7 +40,7 @@ def devel_steps(stack: Stack) -> list[Step]:
         f"assert v == \"{stack.python}\", \"base has Python \" + v + \", spec asks {stack.python}\"'",
         f"python3 -m venv {VENV}",
         *(locked or [f"{pip(stack)} {' '.join(BOOTSTRAP)}"]),
-    ], network=True, mounts=mounts, build_env=locked_env(stack))]
+    ], network=True, mounts=mounts, build_env=pip_env(stack))]
 
 
 # 1980-01-01T00:00:00Z, the earliest time a wheel (zip) can hold.
@@ -57,6 +57,19 @@ def locked_env(stack: Stack) -> dict[str, str]:
     return {"SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
 
 
+def pip_env(stack: Stack) -> dict[str, str]:
+    """The environment of every pip step: ``locked_env``, and on a base that pins its Python
+    packages in a constraint file (NGC PyTorch >= 25.03) PIP_CONSTRAINT naming it, so what the
+    spec adds never replaces a package the base was built and tested with. The image sets it
+    too; stating it in the step makes it hold in Apptainer's %post and in `docker build` alike.
+    A requirement that conflicts with the base's pin fails the step (pip: ResolutionImpossible):
+    pick the base tag that ships the version you need."""
+    env = locked_env(stack)
+    if stack.pip_constraint:
+        env["PIP_CONSTRAINT"] = stack.pip_constraint
+    return env
+
+
 def pip_groups(stack: Stack) -> dict[str, list[str]]:
     """The lock's `python` group: the bootstrap tools at their usual pins when the rest allows
     (torch >= 2.13 needs a newer setuptools; the lock holds what was chosen). An NGC base has
@@ -64,6 +77,14 @@ def pip_groups(stack: Stack) -> dict[str, list[str]]:
     if stack.ngc:
         return {}
     return {"python": [b if b.startswith("pip==") else b.replace("==", ">=") for b in BOOTSTRAP]}
+
+
+def bootstrap_prefer(stack: Stack) -> dict[str, str]:
+    """The bootstrap tools' usual versions (BOOTSTRAP, the one place they are written): the lock's
+    pip resolution keeps them when the rest allows (pip's own pin is exact already)."""
+    if stack.ngc:
+        return {}
+    return dict(b.split("==", 1) for b in BOOTSTRAP if not b.startswith("pip=="))
 
 
 def runtime_copies(stack: Stack, without: list[Copy] = ()) -> list[Copy]:

@@ -34,7 +34,7 @@ from pathlib import Path
 from ..errors import CheckFailed, EnvbuilderError
 from ..output import write_atomic
 from ..render.manifest import image_tag
-from .context import check_inputs, stage_context
+from .context import check_inputs, platform_of, stage_context
 from .options import BuildOptions
 
 MIN_FREE_GB = {False: 6, True: 30}       # a CPU stack / a CUDA stack: layers + one working copy
@@ -63,7 +63,7 @@ class OciEngine:
         return proc
 
     def build_command(self, context: Path, tag: str, ca_bundle: str | None, epoch: int,
-                      netrc: str | None = None) -> list[str]:
+                      netrc: str | None = None, platform: str | None = None) -> list[str]:
         verb = ["bud"] if self.name == "buildah" else ["build"]
         # OCI format: the docker format's config names the build container (`container`,
         # `container_config.Hostname`), a random ID that would change the digest of every build.
@@ -74,6 +74,8 @@ class OciEngine:
             # rootless: RUN steps share the user's network; slirp4netns needs /dev/net/tun, which
             # many machines (this one included) keep root-only
             cmd += ["--network", "host"]
+        if platform:
+            cmd += ["--platform", platform]     # an aarch64 image: QEMU binfmt on an x86_64 machine
         if ca_bundle:
             cmd += ["--secret", f"id=ca,src={Path(ca_bundle).resolve()}"]
         if netrc:
@@ -216,7 +218,7 @@ def _run_build(cmd: list[str], log, quiet: bool, env: dict) -> tuple[int, list[s
 def _build_once(engine: OciEngine, context: Path, tag: str, opts: BuildOptions, epoch: int,
                 log, stack) -> dict:
     env = dict(os.environ)
-    cmd = engine.build_command(context, tag, opts.ca_bundle, epoch, opts.netrc)
+    cmd = engine.build_command(context, tag, opts.ca_bundle, epoch, opts.netrc, platform_of(stack))
     started = time.monotonic()
     code, lines = _run_build(cmd, log, opts.quiet, env)
     seconds = time.monotonic() - started

@@ -39,3 +39,9 @@ def stage_context(folder: Path, files: dict[str, bytes], wheelhouse: str | None)
                 except OSError:
                     shutil.copy2(wheel, wh / wheel.name)
     return root
+
+
+def platform_of(stack) -> str | None:
+    """Docker's platform name for a non-x86_64 image (spec/site `arch`; catalog `arches`)."""
+    arch = stack.spec.target_arch
+    return None if arch == "x86_64" else stack.catalog.arch(arch)["docker"]

@@ -16,7 +16,7 @@ from ..errors import CheckFailed, EnvbuilderError
 from ..output import write_atomic
 from ..render.manifest import image_tag
 from .buildlog import explain_build_failure
-from .context import check_inputs, stage_context
+from .context import check_inputs, platform_of, stage_context
 from .options import BuildOptions
 
 MIN_API = (1, 40)            # Docker 19.03: BuildKit secrets and RUN --mount
@@ -86,15 +86,12 @@ def buildkit_cli() -> list[str]:
                       "install docker-buildx, or set ENVBUILDER_DOCKER_CLI to a CLI that has BuildKit")
 
 
-PLATFORMS = {"x86_64": "linux/amd64", "aarch64": "linux/arm64"}
-
-
 def docker_build_command(cli: list[str], context: Path, tag: str, ca_bundle: str | None,
-                         netrc: str | None = None, arch: str | None = None) -> list[str]:
+                         netrc: str | None = None, platform: str | None = None) -> list[str]:
     cmd = list(cli) + ["--progress=plain", "--tag", tag]
-    if arch and arch != "x86_64":
-        # an aarch64 image (spec/site `arch`): on an x86_64 machine this needs QEMU binfmt
-        cmd += ["--platform", PLATFORMS[arch]]
+    if platform:
+        # an aarch64 image: on an x86_64 machine this needs QEMU binfmt
+        cmd += ["--platform", platform]
     if ca_bundle:
         cmd += ["--secret", f"id=ca,src={Path(ca_bundle).resolve()}"]
     if netrc:
@@ -156,7 +153,7 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     tag = opts.tag or image_tag(output.stack)
     context = stage_context(folder, output.files, wheelhouse)
     log_path = folder / "build.log"
-    cmd = docker_build_command(cli, context, tag, ca, netrc, arch=output.stack.spec.target_arch)
+    cmd = docker_build_command(cli, context, tag, ca, netrc, platform=platform_of(output.stack))
     quiet = opts.quiet
     env = dict(os.environ, DOCKER_BUILDKIT="1")
     started = time.monotonic()

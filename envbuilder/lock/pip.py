@@ -42,12 +42,18 @@ sys.exit(main())
 """
 
 
-def target(python: str, glibc: str) -> dict:
-    """The image's interpreter and platform, as pip options and markers."""
+# manylinux's legacy aliases (PEP 600): 2014 = glibc 2.17, 2010 = 2.12, 1 = 2.5; the last two
+# were defined for x86 only
+LEGACY_TAGS = {"x86_64": ["manylinux2014", "manylinux2010", "manylinux1"], "aarch64": ["manylinux2014"]}
+
+
+def target(python: str, glibc: str, machine: str = "x86_64") -> dict:
+    """The image's interpreter and platform (``machine``: uname -m of the image), as pip options
+    and markers."""
     major, minor_ = python.split(".")[:2]
     g_major, g_minor = (int(x) for x in glibc.split(".")[:2])
-    platforms = [f"manylinux_{g_major}_{m}_x86_64" for m in range(g_minor, 16, -1)]
-    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"]
+    platforms = [f"manylinux_{g_major}_{m}_{machine}" for m in range(g_minor, 16, -1)]
+    platforms += [f"{tag}_{machine}" for tag in LEGACY_TAGS.get(machine, [])] + [f"linux_{machine}"]
     return {
         "python": f"{major}.{minor_}",
         "implementation": "cp",
@@ -58,7 +64,7 @@ def target(python: str, glibc: str) -> dict:
             "implementation_name": "cpython", "platform_python_implementation": "CPython",
             "python_version": f"{major}.{minor_}", "python_full_version": f"{major}.{minor_}.0",
             "implementation_version": f"{major}.{minor_}.0", "os_name": "posix", "sys_platform": "linux",
-            "platform_system": "Linux", "platform_machine": "x86_64",
+            "platform_system": "Linux", "platform_machine": machine,
         },
     }
 
@@ -297,12 +303,14 @@ def _resolve(groups: dict[str, list[str]], tgt: dict, *, index_url: str | None =
     return split_groups(groups, data.get("install", []), tgt["markers"])
 
 
-def resolve_in_image(client, image: str, reqs: list[str]) -> list[dict]:
-    """Resolve in the image itself (NGC bases: only what the image lacks gets installed)."""
+def resolve_in_image(client, image: str, reqs: list[str], constraint: str | None = None) -> list[dict]:
+    """Resolve in the image itself (NGC bases: only what the image lacks gets installed), under
+    the image's pip constraint file when it has one (PIP_CONSTRAINT, as the build's pip steps)."""
+    env = {"PIP_CONSTRAINT": constraint} if constraint else None
     try:
         out = client.containers.run(image, ["python", "-m", "pip", "install", "--dry-run", "--quiet",
                                             "--disable-pip-version-check", "--report", "-", *reqs],
-                                    remove=True, stdout=True, stderr=False)
+                                    remove=True, stdout=True, stderr=False, environment=env)
     except Exception as exc:  # docker.errors.ContainerError / ImageNotFound / APIError
         raise CheckFailed("lock: pip", f"resolving in {image} failed: {exc}",
                           f"docker pull {image}, and check the spec's pip packages exist") from None

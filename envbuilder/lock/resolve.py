@@ -19,7 +19,6 @@ from . import pip as pip_
 from . import sources as sources_
 from .model import PIP_GROUPS, Lock, LockError, canonical_name, pip_by_name
 
-BOOTSTRAP_PREFER = {"setuptools": "69.5.1", "wheel": "0.43.0"}
 
 
 def differences(lock: Lock, stack, want: dict) -> list[str]:
@@ -41,9 +40,12 @@ def differences(lock: Lock, stack, want: dict) -> list[str]:
         if ws.get(name) != hs.get(name):
             out.append(f"sources: {name} {ws.get(name) or 'none'} in the spec, {hs.get(name) or 'none'} in the lock")
     wp, hp = want["pip"], have.get("pip", {})
-    for key in ("python", "glibc", "extra_index_urls", "in_image"):
-        if wp[key] != hp.get(key):
-            out.append(f"pip.{key}: {wp[key]!r} for the spec, {hp.get(key)!r} in the lock")
+    for key in ("python", "glibc", "extra_index_urls", "in_image", "constraint"):
+        if wp.get(key) != hp.get(key):
+            out.append(f"pip.{key}: {wp.get(key)!r} for the spec, {hp.get(key)!r} in the lock")
+    if wp.get("machine", "x86_64") != hp.get("machine", "x86_64"):
+        out.append(f"pip.machine: {wp.get('machine', 'x86_64')} wheels for the spec, "
+                   f"{hp.get('machine', 'x86_64')} in the lock")
     for group in PIP_GROUPS:
         a, b = set(wp["groups"].get(group, [])), set(hp.get("groups", {}).get(group, []))
         out += [f"pip.{group}: {r} is in the spec, not in the lock" for r in sorted(a - b)]
@@ -97,10 +99,11 @@ def _targets(update: list[str], lock: Lock | None) -> dict[str, set]:
 def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, update: list[str] | None = None,
                  wheelhouse: str | None = None, ca_bundle: str | None = None,
                  conda_lockfile: str | None = None, progress=None,
-                 sources: list[dict] | None = None) -> Lock:
+                 sources: list[dict] | None = None, prefer: dict[str, str] | None = None) -> Lock:
     """A complete lock for ``stack`` needing ``want``; kinds unchanged since ``previous`` keep their
     entries. ``client(why)`` gives a Docker SDK client, called only when a kind needs the engine;
-    ``sources``: the source tarballs the components want (needs.source_tarballs)."""
+    ``sources``: the source tarballs the components want (needs.source_tarballs); ``prefer``: versions
+    pip keeps when they fit (the bootstrap tools' usual pins, needs.bootstrap_prefer)."""
     say = progress or (lambda msg: None)
     make_client = client
     targets = _targets(update or [], previous)
@@ -170,9 +173,10 @@ def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, upd
             client = client or make_client("Python packages on an NGC base")
             reqs = wp["groups"].get("packages", [])
             say(f"pip: resolving {len(reqs)} requirements inside {stack.base}")
-            lock.pip = {"packages": pip_.resolve_in_image(client, lock.base["devel"]["pinned"], reqs)} if reqs else {}
+            lock.pip = {"packages": pip_.resolve_in_image(client, lock.base["devel"]["pinned"], reqs,
+                                                          wp.get("constraint"))} if reqs else {}
         else:
-            prefer, prefer_earlier = dict(BOOTSTRAP_PREFER), None
+            prefer, prefer_earlier = dict(prefer or {}), None
             if previous and previous.pip:
                 # keep every version the change does not touch: --update NAME re-resolves NAME; a
                 # changed spec re-resolves the packages whose requirements changed (new pins,
@@ -183,9 +187,9 @@ def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, upd
                 # the layers before the spec's packages keep their own versions (not the overrides)
                 earlier = pip_by_name({g: es for g, es in previous.pip.items() if g != "packages"})
                 prefer_earlier = {n: e["version"] for n, e in earlier.items() if n not in moved}
-            tgt = pip_.target(wp["python"], wp["glibc"])
+            tgt = pip_.target(wp["python"], wp["glibc"], wp.get("machine", "x86_64"))
             say(f"pip: {sum(len(g) for g in wp['groups'].values())} requirements for Python {tgt['python']}, "
-                f"glibc {tgt['glibc']}")
+                f"glibc {tgt['glibc']}, {tgt['markers']['platform_machine']}")
             lock.pip = pip_.resolve(wp["groups"], tgt, prefer=prefer, prefer_earlier=prefer_earlier,
                                     extra_index_urls=wp["extra_index_urls"],
                                     find_links=wheelhouse, ca_bundle=ca_bundle)

@@ -62,6 +62,8 @@ def render_manifest(stack: Stack, files: dict[str, bytes], smoke_sha: str) -> st
             "mpi_source": stack.mpi_source,
             "horovod_patches": [name for name, _ in horovod.patches(stack)],
             "framework_index_url": stack.framework_index_url,
+            # the base's pip constraint file every pip step installed under (NGC PyTorch >= 25.03)
+            **({"pip_constraint": stack.pip_constraint} if stack.pip_constraint else {}),
         },
         "findings": [f.as_dict() for f in stack.findings],
         **({"lock": _lock_record(stack.lock)} if getattr(stack, "lock", None) is not None else {}),

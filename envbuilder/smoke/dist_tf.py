@@ -17,6 +17,7 @@ TensorFlow + the standard library only; Python >= 3.8.
 import json
 import os
 import socket
+import subprocess
 import time
 
 from .common import FAIL, PASS, bandwidth_result, bandwidth_row, fmt_bytes, gpu_absent, result
@@ -34,14 +35,47 @@ def plan():
             "gpu.devices" + TAG]
 
 
+def gpus_on_node(env) -> int:
+    """GPUs of this node in the job: Slurm's count (SLURM_GPUS_ON_NODE, set when the job asked
+    for GPUs), else CUDA_VISIBLE_DEVICES, else nvidia-smi's list where there is one; 0 otherwise."""
+    if env.get("SLURM_GPUS_ON_NODE", "").isdigit():
+        return int(env["SLURM_GPUS_ON_NODE"])
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
+    try:
+        out = subprocess.run(["nvidia-smi", "--list-gpus"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines()) if out.returncode == 0 else 0
+
+
+def max_tasks_per_node(env) -> int:
+    """The most tasks any node of the step runs: SLURM_STEP_TASKS_PER_NODE is e.g. '2(x2)' or '2,1'."""
+    counts = [int(part.split("(")[0]) for part in
+              (env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1").split(",")
+              if part.split("(")[0].isdigit()]
+    return max(counts or [1])
+
+
 def cluster_from_env():
     """(resolver or None, description): Slurm's step, else TF_CONFIG from the spawner's variables."""
     env = os.environ
     if env.get("SLURM_STEP_ID") and env.get("SLURM_PROCID") and not env.get("ENVBUILDER_SMOKE_RANK"):
         import tensorflow as tf
         port = int(env.get("MASTER_PORT") or 8888)
-        return (tf.distribute.cluster_resolver.SlurmClusterResolver(port_base=port),
-                "SlurmClusterResolver (port base %d)" % port)
+        # Left to itself the resolver counts GPUs with nvidia-smi, which a CPU node lacks
+        # (FileNotFoundError), and with 0 GPUs its cluster_spec() takes range(0, 0, 0) and lists
+        # no task (tensorflow/python/distribute/cluster_resolver/slurm_cluster_resolver.py,
+        # get_num_gpus and cluster_spec). On a CPU node: one slot per task, CUDA_VISIBLE_DEVICES
+        # left alone.
+        gpus, tasks = gpus_on_node(env), max_tasks_per_node(env)
+        if gpus:
+            resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(port_base=port, gpus_per_node=gpus)
+        else:
+            resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+                port_base=port, gpus_per_node=tasks, gpus_per_task=1, auto_set_gpu=False)
+        return resolver, "SlurmClusterResolver (port base %d, %d GPU(s) per node)" % (port, gpus)
     size = int(env["WORLD_SIZE"])
     rank = int(env["RANK"])
     base = int(env["MASTER_PORT"])

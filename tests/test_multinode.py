@@ -239,7 +239,7 @@ data = os.environ["ENVBUILDER_DATA"]
 st = os.stat(os.path.join(data, "labels.txt"))
 record = {"rank": int(os.environ["RANK"]), "host": socket.gethostname(), "data": data,
           "text": open(os.path.join(data, "labels.txt")).read().strip(), "file": [st.st_dev, st.st_ino],
-          "lr": os.environ.get("LR")}
+          "lr": os.environ.get("LR"), "home": os.environ["HOME"], "home_is_dir": os.path.isdir(os.environ["HOME"])}
 with open(os.path.join(os.environ["OUTPUT_DIR"], "rank-%d.json" % record["rank"]), "w") as fh:
     json.dump(record, fh)
 if os.environ.get("CHECKPOINT_DIR"):          # rank 0 alone has it
@@ -283,6 +283,7 @@ def test_staging_copies_once_per_node_and_the_local_folders_go_also_after_scance
     by_node = {}
     for r in ranks:
         assert r["text"] == "cat dog" and r["data"] == f"/local/envbuilder.{job_id}/data/dataset"
+        assert r["home"] == f"/local/envbuilder.{job_id}/home" and r["home_is_dir"]   # a HOME per node
         by_node.setdefault(r["host"], set()).add(tuple(r["file"]))
     # the ranks of a node read one file, each node its own copy, none the shared original
     assert all(len(files) == 1 for files in by_node.values()), by_node

@@ -193,3 +193,21 @@ LONG_ENV = "ENVBUILDER_LONG_BUILDS"
 # asked for: ENVBUILDER_LONG_BUILDS=1 .venv/bin/python -m pytest tests/...
 long_build = pytest.mark.skipif(os.environ.get(LONG_ENV, "") != "1",
                                 reason=f"a long image build: runs with {LONG_ENV}=1 (outside CI's budget)")
+
+
+# --------------------------------------------------------------------------- multi-node cluster
+MINICLUSTER_ROOT = "/var/lib/envbuilder-minicluster"
+
+
+def require_minicluster() -> dict:
+    """The multi-node test cluster of tools/minicluster (controller + 2 compute containers):
+    the environment a login-node command needs to reach it (SLURM_CONF). Skips, or fails under
+    ENVBUILDER_REQUIRE_ENGINES=1, when `tools/minicluster status` says it is not up."""
+    from pathlib import Path
+
+    tool = Path(__file__).resolve().parent.parent / "tools" / "minicluster"
+    proc = subprocess.run(["bash", str(tool), "status"], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        _unavailable("The multi-node cluster", (proc.stderr or proc.stdout).strip()[-300:],
+                     "run tools/minicluster start (.ci/setup does)")
+    return {"SLURM_CONF": f"{MINICLUSTER_ROOT}/etc/slurm.conf"}

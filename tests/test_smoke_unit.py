@@ -267,6 +267,15 @@ def test_operations_check_needs_built_and_used():
     assert "mpi built; not exercised" in res["detail"] and "gloo built and used" in res["detail"]
 
 
+def test_operations_are_not_run_when_the_ranks_never_reached_the_build_check():
+    # a hang in hvd.init() (e.g. the wrong interface across nodes): "mpi not built" would be false
+    expect = {"horovod": {"operations": ["mpi", "gloo"]}}
+    checks = [{"name": "horovod.init[mpi]", "status": "fail", "detail": "rank 1 hung"},
+              {"name": "horovod.build", "status": "skip", "detail": "not run: rank 1 hung"}]
+    res = merge.operations_check(expect, checks)
+    assert res["status"] == "skip" and "not built" not in res["detail"]
+
+
 def test_table_shows_failure_detail():
     text = report.table([_res("a", "pass", "1 ms"), _res("b", "fail", "", "rank 1 crashed")])
     assert "rank 1 crashed" in text and "FAIL" in text

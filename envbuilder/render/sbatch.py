@@ -126,6 +126,7 @@ def _paths(stack: Stack, rt: Runtime, combos: list[dict]) -> list[str]:
     if rt.container:
         out.append(f'IMAGE="${{ENVBUILDER_IMAGE:-{_image_default(stack, rt)}}}"')
         out += rt.job_check_image()
+        out.append("export IMAGE   # node_setup checks it on every node")
     if combos:
         out.append('OUTPUT_DIR="${OUTPUT_DIR:-$JOB_DIR/runs/${SLURM_ARRAY_JOB_ID:-local}}/'
                    'task-${SLURM_ARRAY_TASK_ID:-0}"')
@@ -202,7 +203,14 @@ def _environment(stack: Stack, rt: Runtime) -> list[str]:
     if cl.network_interface:
         out += ["# Bootstrap NCCL and Gloo on the site's fast network (a wrong interface hangs init, F10)",
                 f'export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-{shell_default(cl.network_interface, "cluster.network_interface")}}}"',
-                'export GLOO_SOCKET_IFNAME="$NCCL_SOCKET_IFNAME" HOROVOD_GLOO_IFACE="$NCCL_SOCKET_IFNAME"']
+                'export GLOO_SOCKET_IFNAME="$NCCL_SOCKET_IFNAME" HOROVOD_GLOO_IFACE="$NCCL_SOCKET_IFNAME"',
+                "# Open MPI (Horovod's MPI controller) otherwise tries every interface between nodes;",
+                "# it takes names only (not NCCL's ^exclude / =exact forms)",
+                'case $NCCL_SOCKET_IFNAME in',
+                '    ^*|=*) ;;',
+                '    *) export OMPI_MCA_btl_tcp_if_include="${OMPI_MCA_btl_tcp_if_include:-$NCCL_SOCKET_IFNAME}" \\',
+                '              OMPI_MCA_oob_tcp_if_include="${OMPI_MCA_oob_tcp_if_include:-$NCCL_SOCKET_IFNAME}" ;;',
+                'esac']
     if cl.env:
         out.append("# The site's and spec's extra variables (cluster.env)")
         out += ["export " + shell_assign(k, v, f"cluster.env.{k}") for k, v in cl.env]
@@ -265,13 +273,17 @@ def _binds(stack: Stack, rt: Runtime) -> list[str]:
                 'mkdir -p "$JOB_LOCAL"',
                 'add_bind "$JOB_LOCAL" "the node-local folder"']
     out += staging.check_lines(stack)
+    out += ["# ...and again on every node by node_setup, before any rank: a path that exists here but",
+            "# not on another node stops the job there, naming the node (F7)",
+            'ENVBUILDER_BINDS=$(declare -p binds)',
+            "export ENVBUILDER_BINDS"]
     if rt.container:
         out.append("runtime_args=()")
         out += rt.job_bind_args()
     return out
 
 
-def _rank_setup(stack: Stack) -> list[str]:
+def _rank_setup(stack: Stack, container: bool) -> list[str]:
     return [
         "",
         "# Every rank starts through rank_main: its identity for torch.distributed, and only",
@@ -290,10 +302,18 @@ def _rank_setup(stack: Stack) -> list[str]:
         + (", the GPU preflight" if stack.spec.cuda else ""),
         "node_setup() {",
         '    mkdir -p "$HOME"',
+        '    local b',
+        '    eval "$ENVBUILDER_BINDS"',
+        '    for b in "${binds[@]}"; do',
+        '        [ -e "${b%%:*}" ] || die "bind source \'${b%%:*}\' does not exist on node $(hostname)"',
+        "    done",
+        *(['    case $IMAGE in  # a file or folder (not a registry reference pyxis pulls)',
+           '        /*|./*|../*) [ -e "$IMAGE" ] || die "image \'$IMAGE\' does not exist on node $(hostname)" ;;',
+           '    esac'] if container else []),
         *(["    gpu_preflight"] if stack.spec.cuda else []),
         *staging.node_setup_lines(stack),
         "}",
-        "export -f rank_main node_setup" + (" gpu_preflight version_lt" if stack.spec.cuda else ""),
+        "export -f note die rank_main node_setup" + (" gpu_preflight version_lt" if stack.spec.cuda else ""),
     ]
 
 
@@ -331,14 +351,25 @@ def _launch(stack: Stack, rt: Runtime, pmi: str) -> list[str]:
     out += [
         "",
         "# Node set-up step, then cleaning up the node-local folders when the job ends",
+        "# One keeper task per node removes the node-local folder when told (USR1, at the end) or when",
+        "# Slurm ends the job (TERM: scancel, time limit), where a last `srun rm` could no longer start",
+        "node_keeper() {",
+        '    trap \'rm -rf "$JOB_LOCAL"; exit 0\' TERM USR1 HUP INT',
+        "    while :; do sleep 1 & wait $! || true; done",
+        "}",
+        "export -f node_keeper",
         'cleanup() {',
         '    if [ -n "$tb_pid" ]; then kill "$tb_pid" 2>/dev/null || true; fi',
         *rt.job_cleanup(),
-        '    srun --overlap --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none \\',
-        '        rm -rf "$JOB_LOCAL" || true',
+        "    # USR1, not TERM: srun turns a TERM into an outright kill of its tasks",
+        '    if [ -n "$keeper_pid" ] && kill -USR1 "$keeper_pid" 2>/dev/null; then',
+        '        wait "$keeper_pid" 2>/dev/null || true',
+        "    fi",
         "}",
-        "tb_pid=",
+        "tb_pid='' keeper_pid=''",
         "trap cleanup EXIT",
+        'srun --overlap --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none bash -c node_keeper &',
+        "keeper_pid=$!",
         'srun --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none bash -c node_setup',
     ]
     out += _monitoring(stack, rt)
@@ -450,7 +481,7 @@ def render_sbatch(stack: Stack) -> str:
     lines += _binds(stack, rt)
     lines += staging.function_lines(stack)
     lines += preflight.function_lines(stack)
-    lines += _rank_setup(stack)
+    lines += _rank_setup(stack, rt.container)
     if not spec.cluster.command:
         lines += _smoke(stack, rt)
     lines += _launch(stack, rt, pmi)

@@ -129,6 +129,14 @@ def _tensor(torch, dtype, count, fill, device):
     return t.to(dtype=getattr(torch, dtype), device=device)
 
 
+def _same_sum(torch, got, want, dtype, size):
+    """An all_reduce sum is exact, except in bfloat16 (8 significant bits): from 3 ranks on the
+    sums pass 256 and every partial sum may round, by at most 2**-8 of its value."""
+    if dtype == "bfloat16":
+        return bool(torch.allclose(got, want, rtol=size * 2.0 ** -8, atol=0.0))
+    return torch.equal(got, want)
+
+
 def check_collectives(ctx, device=None):
     name = "dist.collectives" + TAG
     td = ctx.td
@@ -143,7 +151,7 @@ def check_collectives(ctx, device=None):
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
             want = _tensor(torch, "float64", count, 0, "cpu").mul(size).add(size * (size + 1) / 2.0)
             cases += 1
-            if not torch.equal(t.cpu().to(torch.float64), want):
+            if not _same_sum(torch, t.cpu().to(torch.float64), want, dtype, size):
                 failures.append("all_reduce sum %s x%d" % (dtype, count))
             ctx.phase("all_reduce max %s x%d" % (dtype, count))
             t = _tensor(torch, dtype, count, rank, device)
@@ -173,7 +181,8 @@ def check_collectives(ctx, device=None):
     if failures:
         return [result(name, FAIL, "; ".join(failures[:8]), "%d/%d wrong" % (len(failures), cases), data)]
     return [result(name, PASS, "%d ranks on %s: all_reduce (sum, max), all_gather, broadcast exact for "
-                   "%s, %s elements" % (size, device, ", ".join(DTYPES), "/".join(str(c) for c in COUNTS)),
+                   "%s, %s elements%s" % (size, device, ", ".join(DTYPES), "/".join(str(c) for c in COUNTS),
+                                           " (bfloat16 sums within its rounding)" if size > 2 else ""),
                    "%d cases exact" % cases, data)]
 
 

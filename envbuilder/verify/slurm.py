@@ -66,6 +66,15 @@ def job_runtime(script: Path) -> str:
     return m.group(1)
 
 
+IFACE_RE = re.compile(r'^export NCCL_SOCKET_IFNAME="\$\{NCCL_SOCKET_IFNAME:-(.*)\}"$', re.M)
+
+
+def interface(script: Path, env: dict) -> str | None:
+    """The interface the job's ranks connect over: the environment's, else the script's."""
+    m = IFACE_RE.search(script.read_text(errors="replace"))
+    return env.get("NCCL_SOCKET_IFNAME") or (m.group(1) if m else None)
+
+
 def _scontrol(job_id: str) -> dict | None:
     proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
                           timeout=30)
@@ -187,7 +196,8 @@ def run_slurm(req: SlurmRequest, opts: VerifyOptions) -> tuple[Target, Outcome, 
     job = {"id": job_id, "state": state, "exit_code": rec.get("ExitCode"), "reason": rec.get("Reason"),
            "nodes": rec.get("NodeList"), "elapsed_s": _seconds(rec.get("RunTime", "0:0:0")),
            "wall_s": round(wall, 2), "submitted": t0, "output_dir": str(out_dir), "log": str(log),
-           "timed_out": timed_out}
+           "timed_out": timed_out, "ranks": opts.ranks, "nodes_asked": req.nodes,
+           "interface": interface(script, env)}
     echo(f"job {job_id} {state.lower()} in {job['elapsed_s']:.0f} s (wall {wall:.0f} s)")
     report = collect(out_dir, job)
     exit_code = int(str(rec.get("ExitCode", "1:0")).split(":")[0] or 1)

@@ -1,0 +1,357 @@
+"""Multi-node for real: job.sbatch and `envbuilder verify --slurm` on the 2-node cluster of
+tools/minicluster (a controller and two compute nodes, each its own container with a management
+and a fabric network; this machine is the login node). Nothing is mocked: real slurmctld/slurmd,
+srun --mpi=pmix, ranks on both nodes, charliecloud inside the nodes.
+
+Covered: 2 nodes x 2 ranks with the host runtime (Horovod over MPI; torch.distributed over Gloo,
+srun mode and torchrun mode)
+and with charliecloud (the cpu-torch-ddp image converted once into the shared folder), ranks per
+node in the report; the management interface instead of the site's fabric one ends in a named
+failure within the timeout; a dataset staged once per node, read from each node's copy, removed
+at the end and after scancel; a bind present on one node only stops the job before any rank,
+naming node and path; a 2-task sweep leaves one report per task."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, run_envbuilder
+from infra import (MINICLUSTER_ROOT, SMOKE_VENV_PYTHON, base_image, docker_cli, long_build, require_binary,
+                   require_docker, require_minicluster, wheelhouse)
+
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+ROOT = Path(MINICLUSTER_ROOT)
+NODES = ("mc-n1", "mc-n2")
+SITE = ("--site", "minicluster")
+PLACED = "mc-n1: 2 (rank 0,1), mc-n2: 2 (rank 2,3)"
+NODE_PYTHON = "/usr/bin/python3"           # the nodes' own Python (command jobs)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    env = require_minicluster()
+    env["USER"] = os.environ.get("USER") or "root"
+    return env
+
+
+@pytest.fixture(scope="module")
+def shared(cluster):
+    """A folder on the cluster's shared file system (same path on every node and here)."""
+    folder = ROOT / "shared" / "tests" / f"{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    folder.mkdir(parents=True)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def host_python() -> str:
+    if not os.access(SMOKE_VENV_PYTHON, os.X_OK):
+        pytest.fail(f"no smoke environment at {SMOKE_VENV_PYTHON} (bash .ci/make-smoke-venv.sh), "
+                    "which the nodes mount for the host runtime")
+    return SMOKE_VENV_PYTHON
+
+
+def build_folder(recipe: Path, out: Path, *args: str) -> Path:
+    r = run_envbuilder("build", str(recipe), *SITE, "--no-build", "--out", str(out), *args)
+    assert r.code == 0, r.err
+    return out
+
+
+def verify(cluster, folder: Path, *args: str, env: dict | None = None, timeout: int = 600):
+    """envbuilder verify FOLDER --slurm --nodes 2 --ranks 4 on the minicluster: (result, report, s)."""
+    report_file = folder.parent / f"report-{uuid.uuid4().hex[:8]}.json"
+    t0 = time.time()
+    r = run_envbuilder("verify", str(folder), "--slurm", "--nodes", "2", "--ranks", "4",
+                       "--report", str(report_file), *args, env={**cluster, **(env or {})}, timeout=timeout)
+    assert report_file.is_file(), r.out[-3000:] + r.err[-3000:]
+    return r, json.loads(report_file.read_text()), time.time() - t0
+
+
+def checks(report: dict) -> dict:
+    return {c["name"]: c for c in report["checks"]}
+
+
+def assert_all_passed_on_two_nodes(r, report):
+    failed = {c["name"]: c.get("detail", "")[:600] for c in report["checks"] if c["status"] == "fail"}
+    assert r.code == 0 and not failed, failed or r.err[-3000:]
+    placed = checks(report)["slurm.placement"]
+    assert placed["status"] == "pass" and placed["detail"] == PLACED, placed
+    assert placed["figure"] == "mc-n1: 2, mc-n2: 2"
+    assert report["slurm"]["state"] == "COMPLETED" and report["slurm"]["nodes"] == "mc-n[1-2]"
+    assert re.search(r"^slurm\.placement +PASS +mc-n1: 2, mc-n2: 2$", r.out, re.M), r.out
+
+
+def sbatch_wait(cluster, script: Path, *args: str, timeout: int = 300):
+    """sbatch --wait [--OPTIONS] job.sbatch [COMMAND...] on the minicluster: (exit, job id, log)."""
+    opts = [a for a in args if a.startswith("--")]
+    command = [a for a in args if not a.startswith("--")]
+    proc = subprocess.run(["sbatch", "--wait", "--parsable", *opts, str(script), *command], cwd=script.parent,
+                          capture_output=True, text=True, env={**os.environ, **cluster}, timeout=timeout)
+    job_id = proc.stdout.strip().split(";")[0]
+    logs = "".join(p.read_text() for p in sorted(script.parent.glob(f"*-{job_id}*.out")))
+    return proc.returncode, job_id, proc.stderr + logs
+
+
+def local_leftovers(job_id: str) -> list[str]:
+    """This job's node-local folders still on the nodes ($ROOT/local/<node> is the node's /local)."""
+    return [str(p) for n in NODES for p in (ROOT / "local" / n).glob(f"envbuilder.{job_id}*")]
+
+
+# --------------------------------------------------------------------------- host runtime
+
+def test_horovod_over_mpi_on_two_nodes_host_runtime(cluster, shared):
+    folder = build_folder(RECIPES / "cpu-torch.yaml", shared / "torch-host", "--runtime", "host")
+    text = (folder / "job.sbatch").read_text()
+    assert 'NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-fab0}"' in text and "OMPI_MCA_btl_tcp_if_include" in text
+    r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "90")
+    assert_all_passed_on_two_nodes(r, report)
+    c = checks(report)
+    assert c["horovod.init[mpi]"]["figure"] == "4 ranks, mpi controller"
+    assert set(c["train.pytorch[mpi]"]["ranks"]) == {"0", "1", "2", "3"}
+    hosts = {v["data"]["host"] for v in c["horovod.init[mpi]"]["ranks"].values()}
+    assert hosts == set(NODES)
+    assert re.search(r"^OK: cpu-torch-horovod \(slurm job \d+, host, 4 rank\(s\) on 2 node\(s\)\)", r.out, re.M)
+    print(f"host runtime, Horovod/MPI 2x2: verify --slurm {wall:.1f} s, job {report['slurm']['elapsed_s']} s")
+
+
+def test_torch_distributed_on_two_nodes_and_the_wrong_interface_is_named(cluster, shared):
+    folder = build_folder(RECIPES / "cpu-torch-ddp.yaml", shared / "ddp-host", "--runtime", "host")
+    r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "90")
+    assert_all_passed_on_two_nodes(r, report)
+    c = checks(report)
+    assert c["dist.init[torch]"]["figure"] == "4 ranks, gloo"
+    assert c["train.ddp[torch]"]["status"] == "pass"
+    print(f"host runtime, torch.distributed 2x2: verify --slurm {wall:.1f} s")
+
+    # the management interface: Gloo's ranks cannot reach the other node there (as on a cluster
+    # whose Ethernet is firewalled between nodes); a named failure within the timeout, not a hang
+    r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "20",
+                             env={"NCCL_SOCKET_IFNAME": "mgmt0"})
+    assert r.code == 1, r.out[-2000:]
+    init = checks(report)["dist.init[torch]"]
+    assert init["status"] == "fail" and "hung" in init["detail"], init
+    assert "at 'init_process_group(gloo)'" in init["detail"]
+    assert "NCCL_SOCKET_IFNAME = mgmt0" in init["detail"]
+    assert wall < 90, wall
+    print(f"wrong interface (torch.distributed): failed in {wall:.1f} s")
+
+
+def test_torchrun_mode_meets_at_the_first_node_across_two_nodes(cluster, shared):
+    # launcher: torchrun: one task per node runs torchrun; the nodes meet at the c10d rendezvous
+    # on the first node (MASTER_ADDR), which resolves to its fabric address on the nodes
+    spec = shared / "ddp-torchrun.yaml"
+    spec.write_text((RECIPES / "cpu-torch-ddp.yaml").read_text().replace("launcher: srun}", "launcher: torchrun}"))
+    folder = build_folder(spec, shared / "ddp-torchrun", "--runtime", "host")
+    assert "--rdzv_backend=c10d" in (folder / "job.sbatch").read_text()
+    r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "90")
+    failed = {c["name"]: c.get("detail", "")[:600] for c in report["checks"] if c["status"] == "fail"}
+    assert r.code == 0 and not failed, failed or r.err[-3000:]
+    c = checks(report)
+    assert c["dist.init[torch]"]["figure"] == "4 ranks, gloo"
+    # torchrun numbers the nodes in the order they joined: 2 ranks each, whichever node is first
+    assert c["slurm.placement"]["data"]["ranks_per_node"] == {"mc-n1": 2, "mc-n2": 2}
+    print(f"host runtime, torchrun mode 2x2: verify --slurm {wall:.1f} s")
+
+
+def test_the_wrong_interface_under_horovod_mpi_is_named_not_a_hang(cluster, shared):
+    folder = build_folder(RECIPES / "cpu-torch.yaml", shared / "torch-host-mgmt", "--runtime", "host")
+    r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "20",
+                             env={"NCCL_SOCKET_IFNAME": "mgmt0"})
+    assert r.code == 1, r.out[-2000:]
+    init = checks(report)["horovod.init[mpi]"]
+    assert init["status"] == "fail" and "at 'hvd.init()'" in init["detail"], init
+    assert "check the interface setting" in init["detail"]
+    assert re.search(r"^horovod\.init\[mpi\] +FAIL", r.out, re.M)
+    assert wall < 90, wall
+    print(f"wrong interface (Horovod/MPI): failed in {wall:.1f} s")
+
+
+# --------------------------------------------------------------------------- charliecloud
+
+def built_image(shared: Path, recipe: str):
+    """Build RECIPE with the site profile (cached layers reused): yields (folder, the shared folder
+    verify converts it into); removes the image and its conversion unless they were there."""
+    require_docker()
+    base_image()
+    require_binary("ch-convert", "apt-get install charliecloud")
+    out = shared / Path(recipe).stem
+    probe = run_envbuilder("build", str(RECIPES / recipe), *SITE, "--no-build", "--out", str(out))
+    assert probe.code == 0, probe.err
+    tag = json.loads((out / "manifest.json").read_text())["image"]["tag"]
+    existed = subprocess.run([docker_cli(), "image", "inspect", tag], capture_output=True).returncode == 0
+    r = run_envbuilder("build", str(RECIPES / recipe), *SITE, "--out", str(out),
+                       "--ca-bundle", CA_BUNDLE, "--wheelhouse", wheelhouse(), timeout=2400)
+    assert r.code == 0, r.err[-3000:]
+    cache = ROOT / "shared" / "charliecloud"
+    before = set(cache.iterdir()) if cache.is_dir() else set()
+    try:
+        yield out, cache
+    finally:
+        for made in set(cache.iterdir()) - before if cache.is_dir() else ():
+            shutil.rmtree(made, ignore_errors=True)
+        if not existed:
+            subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def ddp_image(cluster, shared):
+    """The cpu-torch-ddp image (its layers are in the build cache once tests/test_distributed_ddp.py
+    ran) and the shared folder verify converts it into."""
+    yield from built_image(shared, "cpu-torch-ddp.yaml")
+
+
+def test_charliecloud_on_two_nodes_with_the_image_converted_once_into_the_shared_folder(cluster, ddp_image):
+    folder, cache = ddp_image
+    assert "(charliecloud runtime)" in (folder / "job.sbatch").read_text()
+    r, report, wall = verify(cluster, folder, "--timeout", "90", env={"ENVBUILDER_CH_CACHE": str(cache)})
+    assert_all_passed_on_two_nodes(r, report)
+    assert report["verify"]["runtime"] == "charliecloud"
+    assert checks(report)["dist.init[torch]"]["figure"] == "4 ranks, gloo"
+    images = [d for d in cache.iterdir() if (d / "opt").is_dir()]
+    assert len(images) >= 1 and all(str(d).startswith(str(ROOT / "shared")) for d in images)
+    print(f"charliecloud torch.distributed 2x2: verify --slurm {wall:.1f} s (incl. ch-convert into "
+          f"{cache}), job {report['slurm']['elapsed_s']} s")
+
+
+@long_build
+def test_charliecloud_horovod_over_mpi_on_two_nodes(cluster, shared):
+    # the cpu-torch image compiles Horovod (minutes on 2 cores): outside CI's budget
+    for folder, cache in built_image(shared, "cpu-torch.yaml"):
+        r, report, wall = verify(cluster, folder, "--timeout", "90", env={"ENVBUILDER_CH_CACHE": str(cache)})
+        assert_all_passed_on_two_nodes(r, report)
+        assert checks(report)["horovod.init[mpi]"]["figure"] == "4 ranks, mpi controller"
+        print(f"charliecloud Horovod/MPI 2x2: verify --slurm {wall:.1f} s (incl. ch-convert)")
+
+
+# --------------------------------------------------------------------------- staging, binds, sweep
+
+READ_DATA = """\
+import json, os, socket
+data = os.environ["ENVBUILDER_DATA"]
+st = os.stat(os.path.join(data, "labels.txt"))
+record = {"rank": int(os.environ["RANK"]), "host": socket.gethostname(), "data": data,
+          "text": open(os.path.join(data, "labels.txt")).read().strip(), "file": [st.st_dev, st.st_ino],
+          "lr": os.environ.get("LR"), "home": os.environ["HOME"], "home_is_dir": os.path.isdir(os.environ["HOME"])}
+with open(os.path.join(os.environ["OUTPUT_DIR"], "rank-%d.json" % record["rank"]), "w") as fh:
+    json.dump(record, fh)
+if os.environ.get("CHECKPOINT_DIR"):          # rank 0 alone has it
+    with open(os.path.join(os.environ["OUTPUT_DIR"], "report.json"), "w") as fh:
+        json.dump({"lr": os.environ.get("LR"), "ok": True}, fh)
+"""
+
+
+def staging_job(shared: Path, name: str, extra: str = "", sweep: tuple[str, ...] = ()) -> Path:
+    base = shared / name
+    dataset = base / "dataset"
+    dataset.mkdir(parents=True)
+    (dataset / "labels.txt").write_text("cat dog\n")
+    (base / "read.py").write_text(READ_DATA)
+    spec = base / "spec.yaml"
+    spec.write_text(f"""\
+name: {name}
+framework: {{name: pytorch, version: "2.13.0+cpu"}}
+python: "3.11"
+base: local/debian:bookworm
+cluster:
+  nodes: 2
+  ntasks_per_node: 2
+  time: "00:05:00"
+  runtime: host
+  stage: "{dataset}"
+  command: {NODE_PYTHON} {base}/read.py
+{extra}""")
+    return build_folder(spec, base / "job", "--runtime", "host", *sweep)
+
+
+def test_staging_copies_once_per_node_and_the_local_folders_go_also_after_scancel(cluster, shared):
+    job = staging_job(shared, "stage")
+    code, job_id, log = sbatch_wait(cluster, job / "job.sbatch")
+    assert code == 0, log
+    staged = re.findall(r"envbuilder: staged \S+ to (mc-n\d):/local/envbuilder\.\d+/data/dataset", log)
+    assert sorted(staged) == list(NODES), log          # once per node, counted
+    ranks = [json.loads((job / "runs" / job_id / f"rank-{i}.json").read_text()) for i in range(4)]
+    assert {r["host"] for r in ranks} == set(NODES)
+    source = os.stat(job.parent / "dataset" / "labels.txt")
+    by_node = {}
+    for r in ranks:
+        assert r["text"] == "cat dog" and r["data"] == f"/local/envbuilder.{job_id}/data/dataset"
+        assert r["home"] == f"/local/envbuilder.{job_id}/home" and r["home_is_dir"]   # a HOME per node
+        by_node.setdefault(r["host"], set()).add(tuple(r["file"]))
+    # the ranks of a node read one file, each node its own copy, none the shared original
+    assert all(len(files) == 1 for files in by_node.values()), by_node
+    copies = {f for files in by_node.values() for f in files}
+    assert len(copies) == 2 and (source.st_dev, source.st_ino) not in copies
+    assert local_leftovers(job_id) == []
+
+    # scancel while the ranks run: the keeper step on each node removes its folder
+    proc = subprocess.run(["sbatch", "--parsable", str(job / "job.sbatch"), "sleep", "300"], cwd=job,
+                          capture_output=True, text=True, env={**os.environ, **cluster}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().split(";")[0]
+    deadline = time.time() + 60
+    while time.time() < deadline and len(local_leftovers(job_id)) < 2:
+        time.sleep(0.5)
+    assert len(local_leftovers(job_id)) == 2, "the job never staged on both nodes"
+    time.sleep(1)
+    subprocess.run(["scancel", job_id], env={**os.environ, **cluster}, check=True, timeout=30)
+    deadline = time.time() + 30
+    while time.time() < deadline and local_leftovers(job_id):
+        time.sleep(0.5)
+    assert local_leftovers(job_id) == []
+
+
+def test_a_bind_on_one_node_only_stops_the_job_before_any_rank_naming_node_and_path(cluster, shared):
+    name = f"only-on-n1-{uuid.uuid4().hex[:6]}"
+    (ROOT / "local" / "mc-n1" / name).mkdir()           # /local/<name> on mc-n1, not on mc-n2
+    try:
+        job = staging_job(shared, "bind", extra=f'  binds: ["/local/{name}"]\n')
+        t0 = time.time()
+        code, job_id, log = sbatch_wait(cluster, job / "job.sbatch")
+        assert code == 2, log
+        assert f"envbuilder: error: bind source '/local/{name}' does not exist on node mc-n2" in log
+        assert "rank(s) on" not in log and not (job / "runs" / job_id / "rank-0.json").exists()
+        assert local_leftovers(job_id) == []
+        assert time.time() - t0 < 60
+    finally:
+        (ROOT / "local" / "mc-n1" / name).rmdir()
+
+
+def test_a_two_node_sweep_leaves_one_report_per_task(cluster, shared):
+    job = staging_job(shared, "sweep", sweep=("--sweep", "lr=0.1,0.01"))
+    assert "#SBATCH --array=0-1" in (job / "job.sbatch").read_text()
+    code, job_id, log = sbatch_wait(cluster, job / "job.sbatch")
+    assert code == 0, log
+    tasks = sorted((job / "runs" / job_id).iterdir())
+    assert [t.name for t in tasks] == ["task-0", "task-1"]
+    for task, lr in zip(tasks, ("0.1", "0.01")):
+        assert json.loads((task / "report.json").read_text()) == {"lr": lr, "ok": True}
+        ranks = [json.loads((task / f"rank-{i}.json").read_text()) for i in range(4)]
+        assert {r["host"] for r in ranks} == set(NODES) and {r["lr"] for r in ranks} == {lr}
+
+
+# --------------------------------------------------------------------------- no cluster needed
+
+def test_placement_counts_ranks_per_node_and_names_what_is_missing(tmp_path):
+    from envbuilder.slurm import placement
+
+    run = tmp_path / "run0-torch-mpi"
+    run.mkdir()
+    for rank, host in ((0, "a"), (1, "a"), (2, "b"), (3, "b")):
+        (run / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "host": host}))
+        (run / f"rank-{rank}.exit.json").write_text(json.dumps({"rank": rank, "returncode": 0}))
+    ok = placement.check(tmp_path, 4, 2)
+    assert ok["status"] == "pass" and ok["detail"] == "a: 2 (rank 0,1), b: 2 (rank 2,3)"
+    assert ok["figure"] == "a: 2, b: 2"
+    (run / "rank-3.json").unlink()
+    (run / "rank-2.json").write_text(json.dumps({"rank": 2, "host": "a"}))
+    bad = placement.check(tmp_path, 4, 2)
+    assert bad["status"] == "fail"
+    assert "rank(s) 3 never started" in bad["detail"] and "1 node(s) ran ranks, the job asked for 2" in bad["detail"]

@@ -168,7 +168,8 @@ def render(cli, write_spec, tmp_path, text: str) -> str:
 def test_srun_mode_sets_the_rank_variables_inside_the_step(cli, write_spec, tmp_path):
     text = render(cli, write_spec, tmp_path, CPU_DDP)
     assert "#SBATCH --ntasks-per-node=2" in text
-    body = text[text.index("rank_main() {"):text.index("export -f rank_main")]
+    start = text.index("rank_main() {")
+    body = text[start:text.index("\n}\n", start)]
     assert 'export RANK="${SLURM_PROCID:-0}" LOCAL_RANK="${SLURM_LOCALID:-0}" WORLD_SIZE="${SLURM_NTASKS:-1}"' in body
     assert "LOCAL_WORLD_SIZE=" in body
     assert re.search(r"srun --mpi=none --kill-on-bad-exit=1 .*\n.*bash -c 'rank_main", text)

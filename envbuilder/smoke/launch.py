@@ -82,6 +82,20 @@ def done_file(workdir):
     return os.path.join(workdir, "DONE")
 
 
+def stop_file(base):
+    """In the step's workdir: no later run in this step (named after the step: a reused --workdir
+    holds no stale one)."""
+    env = os.environ
+    return os.path.join(base, "STOP-%s.%s" % (env.get("SLURM_JOB_ID", "0"), env.get("SLURM_STEP_ID", "0")))
+
+
+def _stop_later_runs(workdir, reason):
+    # a killed or crashed rank that had joined Slurm's PMIx (Horovod's mpi controller) makes
+    # Slurm cancel the whole step soon after: rank 0 reports now instead of starting another run
+    with open(stop_file(os.path.dirname(workdir)), "w") as fh:
+        fh.write(reason + "\n")
+
+
 def wait_for_done(workdir, wait_s):
     """A task other than 0 stays until rank 0 has read everything (bounded): a task that ends
     early can make srun/mpirun tear the step down under rank 0."""
@@ -124,6 +138,7 @@ def execute_in_step(run, args, expect, manifest_path, workdir, rank, extra_env=N
                 run.wall_s = time.time() - t0
                 # this rank is stopped after the report is out (it stays in ACTIVE)
                 out = collect(run, workdir, events, wait=0.0)
+                _stop_later_runs(workdir, reason)
                 for name in (abort_file(workdir), done_file(workdir)):
                     with open(name, "w") as fh:
                         fh.write(reason + "\n")
@@ -160,6 +175,8 @@ def execute_in_step(run, args, expect, manifest_path, workdir, rank, extra_env=N
         while time.time() < deadline and len(read_ranks(workdir, run.ranks)[1]) < run.ranks:
             time.sleep(0.2)
     out = collect(run, workdir, events)
+    if run.killed:
+        _stop_later_runs(workdir, run.killed)
     with open(done_file(workdir), "w") as fh:
         fh.write("merged\n")
     return out

@@ -21,10 +21,11 @@ import sys
 import tempfile
 import time
 
-from .common import FAIL, result
+from .common import FAIL, SKIP, result
 from .static import ManifestError, framework_module, load_manifest, run_static
 from .gloo_step import GlooStepError, StepRendezvous
-from .launch import execute_in_step, execute_run, slurm_step, step_workdir, wait_for_done
+from .launch import (execute_in_step, execute_run, slurm_step, step_workdir, stop_file,
+                     wait_for_done)
 from .merge import launch_check, merge_run, operations_check
 from .plan import log, plan_runs
 from .report import finish, no_runs_result
@@ -99,6 +100,14 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
         run.ranks = size
         run.launcher = "srun-step"
         wd = os.path.join(base, "run%d-%s-%s" % (i, run.framework, run.controller))
+        if os.path.exists(stop_file(base)):
+            # an earlier run in this step was killed: Slurm may cancel the step any moment
+            if rank == 0:
+                checks.append(result(launch_check(run, {})["name"], SKIP,
+                                     "not run: an earlier run in this srun step was stopped (%s); "
+                                     "Slurm's PMIx cancels a step after a killed MPI rank"
+                                     % open(stop_file(base)).read().strip()))
+            continue
         log(args, "run %d/%d: %s, rank %d of %d in this srun step" % (i + 1, len(runs), run.framework,
                                                                      rank, size))
         rdv = None

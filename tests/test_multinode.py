@@ -187,8 +187,40 @@ def test_the_wrong_interface_under_horovod_mpi_is_named_not_a_hang(cluster, shar
     assert init["status"] == "fail" and "at 'hvd.init()'" in init["detail"], init
     assert "check the interface setting" in init["detail"]
     assert re.search(r"^horovod\.init\[mpi\] +FAIL", r.out, re.M)
+    # the killed MPI ranks make Slurm's PMIx cancel the step: the gloo run after it is not
+    # started, and says why (the report still comes out)
+    gloo = checks(report)["launch.pytorch[gloo]"]
+    assert gloo["status"] == "skip" and "an earlier run in this srun step was stopped" in gloo["detail"], gloo
     assert wall < 90, wall
     print(f"wrong interface (Horovod/MPI): failed in {wall:.1f} s")
+
+
+def test_gloo_alone_across_two_nodes_and_its_wrong_interface_is_named(cluster, shared):
+    # a Horovod built with Gloo only: the gloo run is the step's first (task 0 starts its
+    # rendezvous after the static checks); then over the management interface a named failure
+    spec = shared / "torch-gloo-only.yaml"
+    spec.write_text((RECIPES / "cpu-torch.yaml").read_text().replace("operations: [mpi, gloo]}", "operations: [gloo]}"))
+    folder = build_folder(spec, shared / "torch-gloo-only", "--runtime", "host")
+    assert json.loads((folder / "manifest.json").read_text())["expect"]["horovod"]["controllers"] == ["gloo"]
+    r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "120", timeout=900)
+    assert_all_passed_on_two_nodes(r, report)
+    c = checks(report)
+    assert c["horovod.init[gloo]"]["figure"] == "4 ranks, gloo controller"
+    assert "GLOO_ALLREDUCE" in c["horovod.cpu_ops[gloo]"]["figure"]
+    assert not any(name.endswith("[mpi]") for name in c)
+    assert [run["controller"] for run in report["runs"]] == ["gloo"]
+    assert "mc-n1: rank 0,1, mc-n2: rank 2,3" in report["runs"][0]["rendezvous"]
+    print(f"host runtime, Horovod/Gloo only 2x2: verify --slurm {wall:.1f} s, "
+          f"allreduce {c['perf.allreduce[gloo]']['figure']}")
+
+    r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "20",
+                             env={"NCCL_SOCKET_IFNAME": "mgmt0"})
+    assert r.code == 1, r.out[-2000:]
+    init = checks(report)["horovod.init[gloo]"]
+    assert init["status"] == "fail" and "hung" in init["detail"] and "at 'hvd.init()'" in init["detail"], init
+    assert "check the interface setting" in init["detail"] and "NCCL_SOCKET_IFNAME = mgmt0" in init["detail"]
+    assert wall < 90, wall
+    print(f"wrong interface (Horovod/Gloo): failed in {wall:.1f} s")
 
 
 # --------------------------------------------------------------------------- charliecloud
@@ -245,6 +277,7 @@ def test_charliecloud_horovod_over_mpi_on_two_nodes(cluster, shared):
         r, report, wall = verify(cluster, folder, "--timeout", "90", env={"ENVBUILDER_CH_CACHE": str(cache)})
         assert_all_passed_on_two_nodes(r, report)
         assert checks(report)["horovod.init[mpi]"]["figure"] == "4 ranks, mpi controller"
+        assert checks(report)["horovod.init[gloo]"]["figure"] == "4 ranks, gloo controller"
         print(f"charliecloud Horovod/MPI 2x2: verify --slurm {wall:.1f} s (incl. ch-convert)")
 
 

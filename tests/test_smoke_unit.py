@@ -429,6 +429,18 @@ def test_gloo_in_step_missing_tasks_end_in_a_named_failure_not_a_hang(tmp_path, 
     monkeypatch.setenv("SLURM_PROCID", "1")
     with pytest.raises(GlooStepError, match=r"rank 1 waited 0 s at 'gloo rendezvous'"):
         StepRendezvous(str(tmp_path / "b"), 1, 3, 5).setup(0.3)
+    # a reused workdir: an earlier step's rendezvous is not this step's
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_STEP_ID", "1")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "rendezvous.json").write_text(json.dumps(
+        {"step": "6.0", "addr": "n0", "port": 1, "slots": [{"rank": 0}, {"rank": 1}, {"rank": 2}]}))
+    with pytest.raises(GlooStepError, match="waited"):
+        StepRendezvous(str(tmp_path / "c"), 1, 3, 5).setup(0.3)
+    # task 0's error reaches the others at once
+    (tmp_path / "c" / "rendezvous.json").write_text(json.dumps({"step": "7.1", "error": "rank(s) 2 never"}))
+    with pytest.raises(GlooStepError, match="task 0 could not start the rendezvous: rank"):
+        StepRendezvous(str(tmp_path / "c"), 1, 3, 5).setup(5)
 
 
 def test_plan_runs_gloo_in_a_step_only():

@@ -57,7 +57,7 @@ def own_task():
     return {"rank": int(env.get("SLURM_PROCID", "0")),
             "node": int(env.get("SLURM_NODEID", "0")),
             "local": int(env.get("SLURM_LOCALID", "0")),
-            "host": env.get("SLURMD_NODENAME") or socket.gethostname()}
+            "host": env.get("SLURMD_NODENAME") or socket.gethostname(), "step": step_id()}
 
 
 def slot_plan(tasks, size, tasks_per_node=None):
@@ -104,7 +104,7 @@ def slot_plan(tasks, size, tasks_per_node=None):
                                 % (node, names[node], ids, len(ids) - 1))
     if tasks_per_node is not None:
         have = [len(nodes[n]) for n in order]
-        if have != list(tasks_per_node) or order != list(range(len(order))):
+        if have != list(tasks_per_node):
             raise GlooStepError("the tasks say %s per node (node ids %s) but Slurm's step says %s"
                                 % (have, order, list(tasks_per_node)))
     slots = []
@@ -150,6 +150,18 @@ def server_address(host):
     return host
 
 
+def step_id():
+    """This srun step (files of an earlier step in a reused workdir are not this step's)."""
+    env = os.environ
+    return "%s.%s" % (env.get("SLURM_JOB_ID", "0"), env.get("SLURM_STEP_ID", "0"))
+
+
+def _current(path):
+    """The JSON in PATH when it was written by this step, else None."""
+    data = read_json(path)
+    return data if data and data.get("step") == step_id() else None
+
+
 def _wait_for(paths_fn, deadline):
     while True:
         missing = paths_fn()
@@ -188,15 +200,15 @@ class StepRendezvous(object):
             except Exception as exc:     # named in the report; the others stop waiting
                 err = exc if isinstance(exc, GlooStepError) else GlooStepError(
                     "starting Horovod's rendezvous server: %s: %s" % (type(exc).__name__, exc))
-                write_json_atomic(path, {"error": str(err)})
+                write_json_atomic(path, {"error": str(err), "step": step_id()})
                 self.stop()
                 raise err
             return self.env
-        missing = _wait_for(lambda: [] if os.path.exists(path) else [path], time.time() + wait_s)
+        missing = _wait_for(lambda: [] if _current(path) else [path], time.time() + wait_s)
         if missing:
             raise GlooStepError("rank %d waited %.0f s at 'gloo rendezvous' for task 0 to publish "
                                 "the rendezvous server (%s); none came" % (self.rank, wait_s, path))
-        info = read_json(path) or {}
+        info = _current(path) or {}
         if info.get("error"):
             raise GlooStepError("task 0 could not start the rendezvous: %s" % info["error"])
         slot = (info.get("slots") or [None] * self.size)[self.rank]
@@ -207,13 +219,13 @@ class StepRendezvous(object):
         return self.env
 
     def _serve(self, me, wait_s):
-        missing = _wait_for(lambda: [r for r in range(self.size) if not os.path.exists(self.task_file(r))],
+        missing = _wait_for(lambda: [r for r in range(self.size) if not _current(self.task_file(r))],
                             time.time() + wait_s)
         if missing:
             raise GlooStepError("rank(s) %s never published their slot within %.0f s (phase 'gloo "
                                 "rendezvous': task 0 waits for every task's node and local id)"
                                 % (",".join(map(str, missing)), wait_s))
-        tasks = [read_json(self.task_file(r)) for r in range(self.size)]
+        tasks = [_current(self.task_file(r)) for r in range(self.size)]
         bad = [r for r, t in enumerate(tasks) if not t]
         if bad:
             raise GlooStepError("unreadable slot file of rank(s) %s" % ",".join(map(str, bad)))
@@ -235,7 +247,7 @@ class StepRendezvous(object):
         addr = server_address(me["host"])
         iface = interface()
         self.info = {"addr": addr, "port": port, "iface": iface, "slots": slots,
-                     "started": time.time()}
+                     "started": time.time(), "step": step_id()}
         write_json_atomic(os.path.join(self.workdir, RENDEZVOUS), self.info)
         self.env = slot_env(slots[0], addr, port, iface)
 

@@ -1,7 +1,8 @@
 """Figures of the multi-node test cluster (tools/minicluster): how long it takes to start, how long
 `envbuilder verify --slurm` takes on 2 nodes x 2 ranks, and the smoke suite's allreduce bus
-bandwidth with 4 ranks on one node against 4 ranks on two nodes (Horovod over MPI and
-torch.distributed over Gloo, host runtime: the smoke environment the nodes mount).
+bandwidth with 4 ranks on one node against 4 ranks on two nodes (Horovod over MPI and over Gloo,
+both in one verify of cpu-torch, and torch.distributed over Gloo; host runtime: the smoke
+environment the nodes mount).
 
     python bench/minicluster.py [--repeat 3] [--cold] [--json FILE]
 
@@ -27,8 +28,11 @@ TOOL = ROOT / "tools" / "minicluster"
 SHARED = Path("/var/lib/envbuilder-minicluster/shared")
 CONF = "/var/lib/envbuilder-minicluster/etc/slurm.conf"
 PYTHON = os.environ.get("ENVBUILDER_SMOKE_PYTHON", "/opt/envbuilder-smoke-venv/bin/python")
-STACKS = {"horovod-mpi": ("cpu-torch.yaml", "perf.allreduce[mpi]"),
-          "torch-gloo": ("cpu-torch-ddp.yaml", "perf.allreduce[torch]")}
+# verify's name -> (recipe, {figure name: bandwidth check}); cpu-torch's verify runs Horovod's
+# mpi and gloo controllers one after the other in the same job
+STACKS = {"horovod-mpi+gloo": ("cpu-torch.yaml", {"horovod-mpi": "perf.allreduce[mpi]",
+                                                  "horovod-gloo": "perf.allreduce[gloo]"}),
+          "torch-gloo": ("cpu-torch-ddp.yaml", {"torch-gloo": "perf.allreduce[torch]"})}
 
 
 def run(*argv: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -95,7 +99,7 @@ def measure(args, work: Path, start: float, again: float) -> int:
     rows, results = [], {"start_s": start, "start_again_s": again, "cold": args.cold}
     rows.append((f"cluster start ({'node image built' if args.cold else 'node image present'})", f"{start:.1f} s"))
     rows.append(("cluster start when already up", f"{again:.1f} s"))
-    for name, (recipe, check) in STACKS.items():
+    for name, (recipe, bw_checks) in STACKS.items():
         folder = work / name
         r = run(sys.executable, "-m", "envbuilder", "build", f"recipes/{recipe}", "--site", "minicluster",
                 "--runtime", "host", "--no-build", "--out", str(folder))
@@ -108,11 +112,12 @@ def measure(args, work: Path, start: float, again: float) -> int:
         # 4 ranks on one node (shared memory) against 4 ranks on two nodes (TCP over fab0)
         _, one = verify(folder, 1, 4)
         _, two = verify(folder, 2, 4)
-        bw1, bw2 = bus_bandwidth(one, check), bus_bandwidth(two, check)
-        results[f"busbw_{name}_MBps"] = {"one_node": bw1, "two_nodes": bw2}
-        for size in sorted(bw1):
-            rows.append((f"allreduce {name} {size // 1024} KiB bus bw: 1 node x 4 / 2 nodes x 2",
-                         f"{bw1[size]:.1f} / {bw2.get(size, 0):.1f} MB/s"))
+        for what, check in bw_checks.items():
+            bw1, bw2 = bus_bandwidth(one, check), bus_bandwidth(two, check)
+            results[f"busbw_{what}_MBps"] = {"one_node": bw1, "two_nodes": bw2}
+            for size in sorted(bw1):
+                rows.append((f"allreduce {what} {size // 1024} KiB bus bw: 1 node x 4 / 2 nodes x 2",
+                             f"{bw1[size]:.1f} / {bw2.get(size, 0):.1f} MB/s"))
     load = os.getloadavg()
     width = max(len(r[0]) for r in rows)
     print(f"{'figure'.ljust(width)}  value")

@@ -3,7 +3,8 @@ tools/minicluster (a controller and two compute nodes, each its own container wi
 and a fabric network; this machine is the login node). Nothing is mocked: real slurmctld/slurmd,
 srun --mpi=pmix, ranks on both nodes, charliecloud inside the nodes.
 
-Covered: 2 nodes x 2 ranks with the host runtime (Horovod over MPI; torch.distributed over Gloo,
+Covered: 2 nodes x 2 ranks with the host runtime (Horovod over MPI and over Gloo, its rendezvous
+in the srun step; torch.distributed over Gloo,
 srun mode and torchrun mode)
 and with charliecloud (the cpu-torch-ddp image converted once into the shared folder), ranks per
 node in the report; the management interface instead of the site's fabric one ends in a named
@@ -107,19 +108,35 @@ def local_leftovers(job_id: str) -> list[str]:
 
 # --------------------------------------------------------------------------- host runtime
 
-def test_horovod_over_mpi_on_two_nodes_host_runtime(cluster, shared):
+def test_horovod_over_mpi_and_gloo_on_two_nodes_host_runtime(cluster, shared):
+    # the gloo controller inside the srun step: task 0 starts Horovod's rendezvous server with the
+    # slot plan the tasks publish in the shared folder (what horovodrun --gloo does, without ssh)
     folder = build_folder(RECIPES / "cpu-torch.yaml", shared / "torch-host", "--runtime", "host")
     text = (folder / "job.sbatch").read_text()
     assert 'NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-fab0}"' in text and "OMPI_MCA_btl_tcp_if_include" in text
-    r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "90")
+    r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "120", timeout=900)
     assert_all_passed_on_two_nodes(r, report)
     c = checks(report)
-    assert c["horovod.init[mpi]"]["figure"] == "4 ranks, mpi controller"
-    assert set(c["train.pytorch[mpi]"]["ranks"]) == {"0", "1", "2", "3"}
-    hosts = {v["data"]["host"] for v in c["horovod.init[mpi]"]["ranks"].values()}
-    assert hosts == set(NODES)
+    figures = {}
+    for ctrl in ("mpi", "gloo"):
+        init = c[f"horovod.init[{ctrl}]"]
+        assert init["status"] == "pass" and init["figure"] == f"4 ranks, {ctrl} controller", init
+        assert set(c[f"train.pytorch[{ctrl}]"]["ranks"]) == {"0", "1", "2", "3"}
+        assert c[f"train.pytorch[{ctrl}]"]["status"] == "pass"
+        assert c[f"allreduce.exact[{ctrl}]"]["status"] == "pass", c[f"allreduce.exact[{ctrl}]"]
+        ranks = init["ranks"]
+        assert {v["data"]["host"] for v in ranks.values()} == set(NODES)
+        # 2 per node: rank 0,1 on mc-n1, 2,3 on mc-n2 (block distribution), each local size 2
+        assert {r: v["data"]["host"] for r, v in ranks.items()} == \
+            {"0": "mc-n1", "1": "mc-n1", "2": "mc-n2", "3": "mc-n2"}, ranks
+        assert all(v["data"]["local_size"] == 2 for v in ranks.values()), ranks
+        figures[ctrl] = c[f"perf.allreduce[{ctrl}]"]["figure"]
+    ops = c["horovod.operations"]
+    assert ops["status"] == "pass" and "no run used the gloo controller" not in ops["detail"], ops
+    assert re.search(r"^horovod\.init\[gloo\] +PASS +4 ranks, gloo controller$", r.out, re.M), r.out
     assert re.search(r"^OK: cpu-torch-horovod \(slurm job \d+, host, 4 rank\(s\) on 2 node\(s\)\)", r.out, re.M)
-    print(f"host runtime, Horovod/MPI 2x2: verify --slurm {wall:.1f} s, job {report['slurm']['elapsed_s']} s")
+    print(f"host runtime, Horovod/MPI + Gloo 2x2: verify --slurm {wall:.1f} s, job {report['slurm']['elapsed_s']} s;"
+          f" allreduce bandwidth mpi: {figures['mpi']}; gloo: {figures['gloo']}")
 
 
 def test_torch_distributed_on_two_nodes_and_the_wrong_interface_is_named(cluster, shared):
@@ -170,8 +187,40 @@ def test_the_wrong_interface_under_horovod_mpi_is_named_not_a_hang(cluster, shar
     assert init["status"] == "fail" and "at 'hvd.init()'" in init["detail"], init
     assert "check the interface setting" in init["detail"]
     assert re.search(r"^horovod\.init\[mpi\] +FAIL", r.out, re.M)
+    # the killed MPI ranks make Slurm's PMIx cancel the step: the gloo run after it is not
+    # started, and says why (the report still comes out)
+    gloo = checks(report)["launch.pytorch[gloo]"]
+    assert gloo["status"] == "skip" and "an earlier run in this srun step was stopped" in gloo["detail"], gloo
     assert wall < 90, wall
     print(f"wrong interface (Horovod/MPI): failed in {wall:.1f} s")
+
+
+def test_gloo_alone_across_two_nodes_and_its_wrong_interface_is_named(cluster, shared):
+    # a Horovod built with Gloo only: the gloo run is the step's first (task 0 starts its
+    # rendezvous after the static checks); then over the management interface a named failure
+    spec = shared / "torch-gloo-only.yaml"
+    spec.write_text((RECIPES / "cpu-torch.yaml").read_text().replace("operations: [mpi, gloo]}", "operations: [gloo]}"))
+    folder = build_folder(spec, shared / "torch-gloo-only", "--runtime", "host")
+    assert json.loads((folder / "manifest.json").read_text())["expect"]["horovod"]["controllers"] == ["gloo"]
+    r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "120", timeout=900)
+    assert_all_passed_on_two_nodes(r, report)
+    c = checks(report)
+    assert c["horovod.init[gloo]"]["figure"] == "4 ranks, gloo controller"
+    assert "GLOO_ALLREDUCE" in c["horovod.cpu_ops[gloo]"]["figure"]
+    assert not any(name.endswith("[mpi]") for name in c)
+    assert [run["controller"] for run in report["runs"]] == ["gloo"]
+    assert "mc-n1: rank 0,1, mc-n2: rank 2,3" in report["runs"][0]["rendezvous"]
+    print(f"host runtime, Horovod/Gloo only 2x2: verify --slurm {wall:.1f} s, "
+          f"allreduce {c['perf.allreduce[gloo]']['figure']}")
+
+    r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "20",
+                             env={"NCCL_SOCKET_IFNAME": "mgmt0"})
+    assert r.code == 1, r.out[-2000:]
+    init = checks(report)["horovod.init[gloo]"]
+    assert init["status"] == "fail" and "hung" in init["detail"] and "at 'hvd.init()'" in init["detail"], init
+    assert "check the interface setting" in init["detail"] and "NCCL_SOCKET_IFNAME = mgmt0" in init["detail"]
+    assert wall < 90, wall
+    print(f"wrong interface (Horovod/Gloo): failed in {wall:.1f} s")
 
 
 # --------------------------------------------------------------------------- charliecloud
@@ -228,6 +277,7 @@ def test_charliecloud_horovod_over_mpi_on_two_nodes(cluster, shared):
         r, report, wall = verify(cluster, folder, "--timeout", "90", env={"ENVBUILDER_CH_CACHE": str(cache)})
         assert_all_passed_on_two_nodes(r, report)
         assert checks(report)["horovod.init[mpi]"]["figure"] == "4 ranks, mpi controller"
+        assert checks(report)["horovod.init[gloo]"]["figure"] == "4 ranks, gloo controller"
         print(f"charliecloud Horovod/MPI 2x2: verify --slurm {wall:.1f} s (incl. ch-convert)")
 
 

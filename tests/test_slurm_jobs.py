@@ -86,6 +86,13 @@ def test_verify_slurm_host_runtime_two_ranks_over_pmix(tmp_path):
     # the table a person reads, as local verify prints it, and JUnit for CI
     assert re.search(r"^OK: cpu-torch-horovod \(slurm job \d+, host, 2 rank\(s\) on 1 node\(s\)\)", r.out, re.M)
     assert re.search(r"^allreduce.exact\[mpi\] +PASS +24 cases exact", r.out, re.M)
+    # Horovod's gloo controller in the same srun step (its rendezvous started by task 0), its own pass
+    names = {c["name"]: c for c in report["checks"]}
+    assert names["horovod.init[gloo]"]["figure"] == "2 ranks, gloo controller"
+    assert re.search(r"^allreduce.exact\[gloo\] +PASS +24 cases exact", r.out, re.M)
+    assert set(names["train.pytorch[gloo]"]["ranks"]) == {"0", "1"} and names["train.pytorch[gloo]"]["status"] == "pass"
+    assert "no run used the gloo controller" not in names["horovod.operations"]["detail"]
+    assert [run["controller"] for run in report["runs"]] == ["mpi", "gloo"]
     assert "<testcase" in (tmp_path / "j.xml").read_text()
     # the job left its own copy of the report beside its output
     assert (Path(report["slurm"]["output_dir"]) / "smoke-report.json").is_file()

@@ -349,3 +349,108 @@ def test_tf_slurm_resolver_inputs_from_the_step_environment(monkeypatch):
     assert gpus_on_node({"CUDA_VISIBLE_DEVICES": ""}) == 0
     monkeypatch.setenv("PATH", "/nonexistent")
     assert gpus_on_node({}) == 0            # no nvidia-smi: no GPU, no exception
+
+
+# --- Horovod's gloo controller inside an srun step (gloo_step.py) --------------------------------
+
+@pytest.mark.parametrize("text,counts", [
+    ("2(x2)", [2, 2]), ("3,1", [3, 1]), ("2(x2),1", [2, 2, 1]), ("4", [4]), ("1(x3),2", [1, 1, 1, 2]),
+])
+def test_slurm_tasks_per_node_notation(text, counts):
+    from envbuilder.smoke.gloo_step import parse_tasks_per_node
+    assert parse_tasks_per_node(text) == counts
+
+
+def test_slurm_tasks_per_node_notation_rejects_what_it_cannot_read():
+    from envbuilder.smoke.gloo_step import parse_tasks_per_node
+    with pytest.raises(ValueError, match="2x2"):
+        parse_tasks_per_node("2x2")
+
+
+def _tasks(layout):
+    """[(rank, node id, local id)] -> the records the step's tasks publish."""
+    return [{"rank": r, "node": n, "local": l, "host": "n%d" % n} for r, n, l in layout]
+
+
+def test_gloo_slot_plan_block_and_cyclic_distributions():
+    """The plan follows what the tasks say (block or cyclic), as Horovod's SlotInfo: local rank and
+    size on the node, cross rank and size among the nodes with that local rank."""
+    from envbuilder.smoke.gloo_step import slot_plan
+    block = slot_plan(_tasks([(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]), 4, [2, 2])
+    assert [(s["hostname"], s["local_rank"], s["local_size"], s["cross_rank"], s["cross_size"])
+            for s in block] == [("n0", 0, 2, 0, 2), ("n0", 1, 2, 0, 2), ("n1", 0, 2, 1, 2), ("n1", 1, 2, 1, 2)]
+    assert all(s["size"] == 4 for s in block) and [s["rank"] for s in block] == [0, 1, 2, 3]
+    cyclic = slot_plan(_tasks([(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)]), 4, [2, 2])
+    assert [(s["hostname"], s["local_rank"], s["cross_rank"]) for s in cyclic] == \
+        [("n0", 0, 0), ("n1", 0, 1), ("n0", 1, 0), ("n1", 1, 1)]
+    # 3,1: local rank 1 and 2 exist on the first node only
+    uneven = slot_plan(_tasks([(0, 0, 0), (1, 0, 1), (2, 0, 2), (3, 1, 0)]), 4, [3, 1])
+    assert [(s["local_size"], s["cross_rank"], s["cross_size"]) for s in uneven] == \
+        [(3, 0, 2), (3, 0, 1), (3, 0, 1), (1, 1, 2)]
+
+
+@pytest.mark.parametrize("layout,size,counts,message", [
+    ([(0, 0, 0), (1, 0, 1), (2, 1, 0)], 4, [2, 2], "rank(s) 3 missing"),
+    ([(0, 0, 0), (1, 0, 0), (2, 1, 0), (3, 1, 1)], 4, [2, 2], "ranks 0 and 1 both say node 0 local id 0"),
+    ([(0, 0, 0), (1, 0, 2), (2, 1, 0), (3, 1, 1)], 4, [2, 2], "local ids [0, 2] are not 0..1"),
+    ([(0, 0, 0), (1, 0, 1), (2, 0, 2), (3, 1, 0)], 4, [2, 2], "the tasks say [3, 1] per node"),
+])
+def test_gloo_slot_plan_names_what_does_not_fit(layout, size, counts, message):
+    from envbuilder.smoke.gloo_step import GlooStepError, slot_plan
+    with pytest.raises(GlooStepError) as exc:
+        slot_plan(_tasks(layout), size, counts)
+    assert message in str(exc.value)
+
+
+def test_gloo_slot_env_is_what_horovodrun_gives_a_rank():
+    from envbuilder.smoke.gloo_step import slot_env
+    slot = {"hostname": "n1", "rank": 2, "size": 4, "local_rank": 0, "local_size": 2,
+            "cross_rank": 1, "cross_size": 2}
+    env = slot_env(slot, "n0", 4321, "fab0")
+    assert env == {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "n0", "HOROVOD_GLOO_RENDEZVOUS_PORT": "4321",
+                   "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_HOSTNAME": "n1",
+                   "HOROVOD_RANK": "2", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "0",
+                   "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2",
+                   "HOROVOD_GLOO_IFACE": "fab0"}
+
+
+def test_gloo_in_step_missing_tasks_end_in_a_named_failure_not_a_hang(tmp_path, monkeypatch):
+    """Task 0 waits a bounded time for the other tasks' slot files, then names the missing ranks
+    and writes the error where the other tasks look; a task waiting for task 0 names itself."""
+    from envbuilder.smoke.gloo_step import GlooStepError, StepRendezvous
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("SLURM_NODEID", "0")
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    t0 = time.time()
+    with pytest.raises(GlooStepError, match=r"rank\(s\) 1,2 never published their slot .*gloo rendezvous"):
+        StepRendezvous(str(tmp_path / "a"), 0, 3, 5).setup(0.5)
+    assert time.time() - t0 < 5
+    assert "never published" in json.loads((tmp_path / "a" / "rendezvous.json").read_text())["error"]
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    with pytest.raises(GlooStepError, match=r"rank 1 waited 0 s at 'gloo rendezvous'"):
+        StepRendezvous(str(tmp_path / "b"), 1, 3, 5).setup(0.3)
+    # a reused workdir: an earlier step's rendezvous is not this step's
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_STEP_ID", "1")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "rendezvous.json").write_text(json.dumps(
+        {"step": "6.0", "addr": "n0", "port": 1, "slots": [{"rank": 0}, {"rank": 1}, {"rank": 2}]}))
+    with pytest.raises(GlooStepError, match="waited"):
+        StepRendezvous(str(tmp_path / "c"), 1, 3, 5).setup(0.3)
+    # task 0's error reaches the others at once
+    (tmp_path / "c" / "rendezvous.json").write_text(json.dumps({"step": "7.1", "error": "rank(s) 2 never"}))
+    with pytest.raises(GlooStepError, match="task 0 could not start the rendezvous: rank"):
+        StepRendezvous(str(tmp_path / "c"), 1, 3, 5).setup(5)
+
+
+def test_plan_runs_gloo_in_a_step_only():
+    """In an srun step the manifest's controllers each get a pass, mpi first; a suite that starts
+    srun itself keeps to mpi."""
+    from types import SimpleNamespace
+    expect = {"horovod": {"controllers": ["gloo", "mpi"], "frameworks": ["pytorch"]}}
+    args = SimpleNamespace(launcher="srun", controllers="")
+    assert [(r.controller, r.launcher) for r in plan.plan_runs(expect, args, in_step=True)] == \
+        [("mpi", "srun"), ("gloo", "srun")]
+    assert [r.controller for r in plan.plan_runs(expect, args)] == ["mpi"]
+    only_gloo = {"horovod": {"controllers": ["gloo"], "frameworks": ["pytorch"]}}
+    assert [r.controller for r in plan.plan_runs(only_gloo, args, in_step=True)] == ["gloo"]

@@ -82,15 +82,40 @@ def done_file(workdir):
     return os.path.join(workdir, "DONE")
 
 
-def execute_in_step(run, args, expect, manifest_path, workdir, rank):
+def stop_file(base):
+    """In the step's workdir: no later run in this step (named after the step: a reused --workdir
+    holds no stale one)."""
+    env = os.environ
+    return os.path.join(base, "STOP-%s.%s" % (env.get("SLURM_JOB_ID", "0"), env.get("SLURM_STEP_ID", "0")))
+
+
+def _stop_later_runs(workdir, reason):
+    # a killed or crashed rank that had joined Slurm's PMIx (Horovod's mpi controller) makes
+    # Slurm cancel the whole step soon after: rank 0 reports now instead of starting another run
+    with open(stop_file(os.path.dirname(workdir)), "w") as fh:
+        fh.write(reason + "\n")
+
+
+def wait_for_done(workdir, wait_s):
+    """A task other than 0 stays until rank 0 has read everything (bounded): a task that ends
+    early can make srun/mpirun tear the step down under rank 0."""
+    deadline = time.time() + wait_s
+    while time.time() < deadline and os.path.isdir(workdir) and \
+            not os.path.exists(done_file(workdir)):
+        time.sleep(POLL_S)
+
+
+def execute_in_step(run, args, expect, manifest_path, workdir, rank, extra_env=None):
     """Every srun task starts its own rank; rank 0 watches them all through the shared folder
-    and, on a crash or a hang, writes ABORT, which every task obeys."""
+    and, on a crash or a hang, writes ABORT, which every task obeys. extra_env: variables for
+    this task's rank on top of run_env's (the gloo controller's slot, gloo_step.py)."""
     run.workdir = workdir
     os.makedirs(workdir, exist_ok=True)
     events = {}
     run.command = [sys.executable, "-m", PACKAGE + ".rank"] + worker_args_for(run, args, manifest_path,
                                                                              workdir)
     env = run_env(run, args, expect)
+    env.update(extra_env or {})
     pass_fds = tuple(int(os.environ[v]) for v in ("PMI_FD", "PMI_CMD_FD")
                      if os.environ.get(v, "").isdigit())
     run.log_path = os.path.join(workdir, "rank-%d.log" % rank)
@@ -113,6 +138,7 @@ def execute_in_step(run, args, expect, manifest_path, workdir, rank):
                 run.wall_s = time.time() - t0
                 # this rank is stopped after the report is out (it stays in ACTIVE)
                 out = collect(run, workdir, events, wait=0.0)
+                _stop_later_runs(workdir, reason)
                 for name in (abort_file(workdir), done_file(workdir)):
                     with open(name, "w") as fh:
                         fh.write(reason + "\n")
@@ -141,12 +167,7 @@ def execute_in_step(run, args, expect, manifest_path, workdir, rank):
         run.wall_s = time.time() - t0
         ACTIVE.remove((proc, workdir, run.ranks))
     if rank != 0:
-        # stay until rank 0 has read everything: a task that ends early can make srun/mpirun
-        # tear the step down under rank 0
-        deadline = time.time() + args.timeout + 60
-        while time.time() < deadline and os.path.isdir(workdir) and \
-                not os.path.exists(done_file(workdir)):
-            time.sleep(POLL_S)
+        wait_for_done(workdir, args.timeout + 60)
         return {}, {}, events
     if run.killed:
         # the other tasks see ABORT within a poll interval; their wrappers then record the end
@@ -154,6 +175,8 @@ def execute_in_step(run, args, expect, manifest_path, workdir, rank):
         while time.time() < deadline and len(read_ranks(workdir, run.ranks)[1]) < run.ranks:
             time.sleep(0.2)
     out = collect(run, workdir, events)
+    if run.killed:
+        _stop_later_runs(workdir, run.killed)
     with open(done_file(workdir), "w") as fh:
         fh.write("merged\n")
     return out

@@ -21,9 +21,11 @@ import sys
 import tempfile
 import time
 
-from .common import FAIL, result
+from .common import FAIL, SKIP, result
 from .static import ManifestError, framework_module, load_manifest, run_static
-from .launch import execute_in_step, execute_run, slurm_step, step_workdir
+from .gloo_step import GlooStepError, StepRendezvous
+from .launch import (execute_in_step, execute_run, slurm_step, step_workdir, stop_file,
+                     wait_for_done)
 from .merge import launch_check, merge_run, operations_check
 from .plan import log, plan_runs
 from .report import finish, no_runs_result
@@ -67,7 +69,13 @@ def build_parser():
 
 
 def main_in_step(args, manifest, manifest_path, step, t_start):
-    """One task of `srun -n N ... python -m envbuilder_smoke`: be one rank; rank 0 reports."""
+    """One task of `srun -n N ... python -m envbuilder_smoke`: be one rank; rank 0 reports.
+
+    Horovod's mpi controller needs nothing more than the step (PMI/PMIx). For its gloo
+    controller this task does what horovodrun --gloo does without ssh (gloo_step.py): task 0
+    starts Horovod's rendezvous server with the slot plan the tasks publish in the shared
+    workdir, every task gives its rank that slot's HOROVOD_* variables, task 0 stops the server
+    when the run ends."""
     rank, size = step
     expect = manifest["expect"]
     if rank != 0:
@@ -77,23 +85,56 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
         log(args, "static checks (imports %s)" % (framework_module(expect) or "no framework"))
         checks.extend(run_static(expect, args.no_gpu))
     args.launcher = "srun"
-    runs = plan_runs(expect, args)
+    runs = plan_runs(expect, args, in_step=True)
     base = step_workdir(args)
     run_records = []
     if not runs:
         checks.append(no_runs_result(expect))
     hv = expect.get("horovod") or {}
-    if runs and runs[0].controller not in ("torch", "tf") and "mpi" not in (hv.get("controllers") or ["mpi"]):
-        checks.append(result("launch", FAIL, "inside srun the ranks need Horovod's mpi controller; "
-                             "the manifest builds only %s" % ", ".join(hv.get("controllers") or [])))
+    built = hv.get("controllers") or ["mpi"]
+    if runs and runs[0].controller not in ("torch", "tf") and not ({"mpi", "gloo"} & set(built)):
+        checks.append(result("launch", FAIL, "inside srun the ranks need Horovod's mpi or gloo "
+                             "controller; the manifest builds only %s" % ", ".join(built)))
         runs = []
     for i, run in enumerate(runs):
         run.ranks = size
         run.launcher = "srun-step"
         wd = os.path.join(base, "run%d-%s-%s" % (i, run.framework, run.controller))
+        if os.path.exists(stop_file(base)):
+            # an earlier run in this step was killed: Slurm may cancel the step any moment
+            if rank == 0:
+                checks.append(result(launch_check(run, {})["name"], SKIP,
+                                     "not run: an earlier run in this srun step was stopped (%s); "
+                                     "Slurm's PMIx cancels a step after a killed MPI rank"
+                                     % open(stop_file(base)).read().strip()))
+            continue
         log(args, "run %d/%d: %s, rank %d of %d in this srun step" % (i + 1, len(runs), run.framework,
                                                                      rank, size))
-        states, exits, events = execute_in_step(run, args, expect, manifest_path, wd, rank)
+        rdv = None
+        try:
+            extra = None
+            if run.controller == "gloo":
+                rdv = StepRendezvous(os.path.join(wd, "gloo"), rank, size, args.timeout)
+                # the first run's task 0 does the static checks (imports) before it gets here
+                wait_s = args.timeout + 60 + (2 * args.timeout if run.first else 0)
+                try:
+                    extra = rdv.setup(wait_s)
+                    if rank == 0:
+                        log(args, "gloo in the step: %s" % rdv.describe())
+                except GlooStepError as exc:
+                    run.start_error = "gloo rendezvous in the srun step: %s" % exc
+            if run.start_error:
+                states, exits, events = {}, {}, {}
+                if rank != 0:
+                    if "task 0 could not" not in run.start_error:
+                        wait_for_done(wd, args.timeout + 60)   # rank 0 names this rank as never started
+                    continue
+            else:
+                states, exits, events = execute_in_step(run, args, expect, manifest_path, wd, rank,
+                                                        extra_env=extra)
+        finally:
+            if rdv is not None:
+                rdv.stop()
         if rank == 0:
             checks.append(launch_check(run, events, log_tail=not run.killed.endswith("crashed")))
             checks.extend(merge_run(run, states, exits, events))
@@ -102,6 +143,8 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
                                 "wall_s": round(run.wall_s, 2), "returncode": run.returncode,
                                 "killed": run.killed,
                                 "events": {str(k): v for k, v in events.items()}})
+            if rdv is not None and rdv.info.get("slots"):
+                run_records[-1]["rendezvous"] = rdv.describe()
             if run.killed.endswith("crashed"):
                 # the step is being torn down: report now, try nothing more
                 code = finish(args, manifest, manifest_path, checks, run_records, t_start,

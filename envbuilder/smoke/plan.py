@@ -51,8 +51,11 @@ def distributed_kind(expect):
     return d.get("kind") or ("horovod" if expect.get("horovod") else "none")
 
 
-def plan_runs(expect, args):
-    """(controller, launcher, framework module) for every multi-rank run, in order."""
+def plan_runs(expect, args, in_step=False):
+    """(controller, launcher, framework module) for every multi-rank run, in order. in_step: this
+    process is one task of an srun step (launcher.main_in_step), where Horovod's gloo controller
+    runs too (gloo_step.py does horovodrun's rendezvous); a suite that starts srun itself runs
+    the mpi controller only."""
     if distributed_kind(expect) == "torch":
         # torch.distributed: the suite's own spawner (env:// like srun), or torchrun when asked
         how = "torchrun" if args.launcher == "torchrun" else (
@@ -81,7 +84,9 @@ def plan_runs(expect, args):
     elif launcher == "mpi":
         pairs = [("mpi", "mpirun")]
     elif launcher == "srun":
-        pairs = [("mpi", "srun")]
+        # mpi first, then gloo (each its own pass), as the manifest builds them
+        pairs = [(c, "srun") for c in ("mpi", "gloo") if c in ctrls and (c == "mpi" or in_step)]
+        pairs = pairs or [("mpi", "srun")]
     else:
         pairs = []
         for c in ctrls:

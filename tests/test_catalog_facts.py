@@ -53,8 +53,9 @@ def test_the_pytorch_index_comes_from_the_catalog():
     cuda = gpu.spec.cuda.version.split(".")
     assert gpu.framework_index_url == cat.data["indexes"]["pytorch"]["cuda"].format(cuda="".join(cuda[:2]))
     assert gpu.framework_index_url.endswith("/cu" + "".join(cuda[:2]))
-    arm = _stack("gpu-torch-ddp-aarch64.yaml")
-    assert arm.spec.target_arch == "aarch64"
+    arm = _stack("gpu-torch-ddp-aarch64.yaml")      # CUDA 13.2 on aarch64: only PyTorch's index has it
+    assert arm.framework_index_url == cat.framework_index("pytorch", "13.2") == \
+        cat.data["indexes"]["pytorch"]["cuda"].format(cuda="132")
 
 
 def test_the_runtime_stage_of_a_cuda_devel_base_is_its_runtime_flavour():

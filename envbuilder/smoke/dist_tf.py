@@ -22,6 +22,7 @@ import time
 
 from .common import FAIL, PASS, bandwidth_result, bandwidth_row, fmt_bytes, gpu_absent, result
 from .dist_torch import launch_index
+from .gloo_step import parse_tasks_per_node
 
 TAG = "[tf]"
 COUNTS = (1, 1023, 1 << 18)
@@ -52,9 +53,10 @@ def gpus_on_node(env) -> int:
 
 def max_tasks_per_node(env) -> int:
     """The most tasks any node of the step runs: SLURM_STEP_TASKS_PER_NODE is e.g. '2(x2)' or '2,1'."""
-    counts = [int(part.split("(")[0]) for part in
-              (env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1").split(",")
-              if part.split("(")[0].isdigit()]
+    try:
+        counts = parse_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE"))
+    except ValueError:
+        counts = []
     return max(counts or [1])
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field as dc_field
 from .errors import EnvbuilderError
 
 from .quoting import CONTROL_RE, IMAGE_REF_RE
-from .redact import has_url_credentials, redact_url
+from .redact import SECRET_NAME_RE, credential_in, redact_url, secret_name  # noqa: F401 (SECRET_NAME_RE: re-exported)
 from .runtimes import JOB_RUNTIMES
 
 # Every pattern is used with re.fullmatch (Python's `$` also matches before a final newline)
@@ -82,9 +82,12 @@ GPU_RE = re.compile(r"[a-z][a-z0-9-]{1,15}|[0-9]{1,2}\.[0-9]")
 DRIVER_RE = re.compile(r"[0-9]{3}(?:\.[0-9]{1,3}){1,2}")
 PMI_RE = re.compile(r"pmix(?:_v[0-9]{1,2})?|pmi2|cray_shasta|none")
 SWEEP_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=[^,]+(?:,[^,]+)*")
-# env names that hold secrets: their values would be readable by anyone who has the image or
-# the job script
-SECRET_NAME_RE = re.compile(r"(?i).*(?:TOKEN|PASSWORD|PASSWD|SECRET|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL).*")
+# env names that hold secrets (redact.SECRET_NAME_RE): their values would be readable by anyone
+# who has the image or the job script
+RUN_TIME_FIX = ("leave it out; give it at run time: export it in your shell before sbatch (Slurm passes the "
+                "environment to the job; or name it in sbatch --export), or read it in the job from a "
+                "secrets file the site provides; a private index's login goes to the build with --netrc FILE "
+                "(a BuildKit secret, like --ca-bundle)")
 
 SPEC_FIELDS: dict[str, Field] = {
     "name": s("Image and folder name (lower case, digits, . _ -).", required=True,
@@ -326,15 +329,12 @@ def _check(path: str, f: Field, value, doc, errors: list, source):
             if problem:
                 errors.append(problem)
                 continue
-            if not f.secret_ok and SECRET_NAME_RE.fullmatch(k) and text:
+            if not f.secret_ok and secret_name(k) and text:
                 errors.append(EnvbuilderError(
                     f"{path}.{k}", "looks like a secret: " + (
                         "the image stores it in clear text for anyone who pulls it" if path == "env" else
                         "job.sbatch and the manifest copied into the image would hold it in clear text"),
-                    "leave it out; give it at run time (export it in your shell before sbatch: Slurm passes "
-                    "the environment to the job); a private index's login goes to the build with --netrc FILE "
-                    "(a BuildKit secret, like --ca-bundle)",
-                    line=doc.line_of(f"{path}.{k}"), source=source))
+                    RUN_TIME_FIX, line=doc.line_of(f"{path}.{k}"), source=source))
                 continue
             out[k] = text
         return out
@@ -362,11 +362,10 @@ def text_problem(path: str, value: str, doc, source) -> EnvbuilderError | None:
     if CONTROL_RE.search(value):
         return EnvbuilderError(path, f"{shown(value)} holds a newline or another control character",
                                "write it on one line (no tabs or control characters)", line=line, source=source)
-    if has_url_credentials(value):
-        return EnvbuilderError(path, f"{shown(value)} holds credentials (user:password@) that every generated "
-                               "file and the image would keep in clear text",
-                               "remove them; give the login at build time with --netrc FILE (a BuildKit secret, "
-                               "like --ca-bundle: in no layer)", line=line, source=source)
+    what = credential_in(value)
+    if what:
+        return EnvbuilderError(path, f"{shown(value)} holds {what}, which every generated file and the "
+                               "image would keep in clear text", RUN_TIME_FIX, line=line, source=source)
     return None
 
 

@@ -77,9 +77,10 @@ def _build_args(p):
     p.add_argument("--sif", action="store_true",
                    help="also write <folder>/<name>.sif from the built image (no Apptainer needed: "
                         "mksquashfs + siftool); same as `targets: [sif]`")
-    from .lockcmd import add_lock_option
+    from .lockcmd import add_force_option, add_lock_option
 
     add_lock_option(p)
+    add_force_option(p)
     _job_args(p)
 
 

@@ -52,7 +52,8 @@ def build_options(args) -> BuildOptions:
         wheelhouse=getattr(args, "wheelhouse", None) or os.environ.get("ENVBUILDER_WHEELHOUSE"),
         exports=tuple(getattr(args, "export", None) or ()),
         check_reproducible=bool(getattr(args, "check_reproducible", False)),
-        conda_lockfile=getattr(args, "conda_lockfile", None), quiet=bool(getattr(args, "json", False)))
+        conda_lockfile=getattr(args, "conda_lockfile", None), quiet=bool(getattr(args, "json", False)),
+        force=bool(getattr(args, "force", False)))
 
 
 def _resolver_options(opts: BuildOptions) -> dict:
@@ -96,9 +97,9 @@ def ensure_locked(opts: BuildOptions, spec, folder: Path, out, path: Path):
                             sources=source_tarballs(out.stack), prefer=bootstrap_prefer(out.stack),
                             **_resolver_options(opts))
         out = generate(spec, lock)
-        write_folder(folder, out.files, complete=True)
+        write_folder(folder, out.files, complete=True, force=opts.force)
         if path.parent.resolve() != folder.resolve():
-            write_folder(path.parent, {path.name: dump(lock).encode()})
+            write_folder(path.parent, {path.name: dump(lock).encode()}, force=opts.force)
         if not quiet:
             print(f"locked {spec.name} in {time.monotonic() - started:.0f} s: {summary(lock)} -> {path}")
     if opts.engine in ("buildah", "podman"):
@@ -127,6 +128,13 @@ def lock_args(p) -> None:
     p.add_argument("--conda-lockfile", metavar="FILE",
                    help="use this conda-lock lockfile for the spec's conda packages (made where channels are reachable)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_force_option(p)
+
+
+def add_force_option(p) -> None:
+    p.add_argument("--force", action="store_true",
+                   help="replace files in the output folder that envbuilder did not write (by default "
+                        "such a file is named and nothing is written)")
 
 
 def cmd_lock(args) -> int:
@@ -153,7 +161,7 @@ def cmd_lock(args) -> int:
     if previous is not None and previous.inputs == lock.inputs and previous.flat() == lock.flat() \
             and previous.conda == lock.conda:
         lock.resolved_at, lock.resolvers = previous.resolved_at, previous.resolvers   # nothing changed
-    write_folder(path.parent, {path.name: dump(lock).encode()})
+    write_folder(path.parent, {path.name: dump(lock).encode()}, force=opts.force)
     changes = compare(previous.flat() if previous else {}, lock.flat())
     if args.json:
         print(json.dumps({"ok": True, "lock": str(path), "seconds": round(seconds, 1),

@@ -21,6 +21,28 @@ OWNED = ("pins", "envbuilder_smoke")   # all generated: a file the new write lac
 # the names envbuilder gives files in the folders it owns (lock/render.py, the smoke suite)
 GENERATED = re.compile(r"pins/(?:apt|pip|conda)-[a-z0-9-]+\.(?:txt|yml)"
                        r"|envbuilder_smoke/(?:[a-z_][a-z0-9_]*\.py|__pycache__/[A-Za-z0-9_.-]+\.pyc)")
+# How envbuilder knows a file it is about to replace is its own: the header line of the recipes
+# (render/common.py header), the "schema" that opens manifest.json and envbuilder.lock, the text of
+# the wheelhouse README (generate.py). A file without its marker is the user's: not replaced
+# without --force.
+_HEAD = 8192
+MARKERS = (
+    re.compile(rb"^\{\s*\"schema\": \"envbuilder\.(?:manifest|lock)/"),
+    re.compile(rb"(?m)^# Written by envbuilder \S+ from a spec with sha256 [0-9a-f]+\.$"),
+    re.compile(rb"^Local wheels for offline or air-gapped builds: put \.whl files here"),
+)
+
+
+def written_by_envbuilder(path: Path, new: bytes | None = None) -> bool:
+    """Whether the file at PATH is one envbuilder wrote (or holds exactly what it would write)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_HEAD)
+    except OSError:
+        return False
+    if new is not None and len(head) < _HEAD and head == new:
+        return True
+    return any(m.search(head) for m in MARKERS)
 
 
 def _unwritable(folder: Path, exc: OSError, name: str | None = None) -> EnvbuilderError:
@@ -30,9 +52,10 @@ def _unwritable(folder: Path, exc: OSError, name: str | None = None) -> Envbuild
                            f"remove or rename {where}, or choose another folder with --out DIR")
 
 
-def _check_paths(folder: Path, files: dict[str, bytes]) -> None:
-    """Before anything is written: no link inside the folder (it would lead out of it), and
-    every target a file or nothing (not a folder)."""
+def _check_paths(folder: Path, files: dict[str, bytes], force: bool = False) -> None:
+    """Before anything is written: no link inside the folder (it would lead out of it), every
+    target a file or nothing (not a folder), and (unless FORCE) every file replaced one that
+    envbuilder wrote."""
     seen = set()
     for name in sorted(files):
         parts = Path(name).parts
@@ -55,6 +78,12 @@ def _check_paths(folder: Path, files: dict[str, bytes]) -> None:
             if n == len(parts) and path.exists() and not path.is_file():
                 raise EnvbuilderError("--out", f"{path} is not a plain file (a folder?) where envbuilder "
                                       "writes one", f"move {path} away, or choose another folder with --out DIR")
+            if n == len(parts) and path.is_file() and not force and parts[0] not in OWNED \
+                    and not written_by_envbuilder(path, files[name]):
+                raise EnvbuilderError("--out", f"{path} was not written by envbuilder (it has no envbuilder "
+                                      "header); replacing it would lose your file",
+                                      f"move {path} away, choose another folder with --out DIR, or give "
+                                      "--force to replace it")
     for owned in OWNED:
         if (folder / owned).is_symlink():
             raise EnvbuilderError("--out", f"{folder / owned} is a symbolic link; envbuilder never follows "
@@ -62,11 +91,13 @@ def _check_paths(folder: Path, files: dict[str, bytes]) -> None:
                                   f"remove the link {folder / owned}, or choose another folder with --out DIR")
 
 
-def write_folder(folder: Path, files: dict[str, bytes], *, complete: bool = False, note=None) -> list[Path]:
+def write_folder(folder: Path, files: dict[str, bytes], *, complete: bool = False, note=None,
+                 force: bool = False) -> list[Path]:
     """Write ``files`` under ``folder``. A new folder appears complete or not at all; in an
     existing folder every file is staged first, then swapped in; a failure puts the old files
     back and names the file. Other files are left alone, but for (``complete``: ``files`` is
-    everything a build folder holds) stale generated files in the folders envbuilder owns."""
+    everything a build folder holds) stale generated files in the folders envbuilder owns. A
+    file envbuilder did not write is not replaced unless ``force`` (--force)."""
     folder = Path(folder)
     parent = folder.parent
     try:
@@ -85,7 +116,7 @@ def write_folder(folder: Path, files: dict[str, bytes], *, complete: bool = Fals
                                   "choose another path with --out DIR")
     except OSError as exc:
         raise _unwritable(folder, exc) from None
-    _check_paths(folder, files)
+    _check_paths(folder, files, force)
     return _update(folder, files, complete, note or _note)
 
 

@@ -73,7 +73,7 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
     path = lock_path(spec, req.lock, req.out)
     out = generate(spec, existing_lock(path))      # an existing lock is used as is, if it matches
     folder = Path(req.out) if req.out else Path("images") / spec.name
-    written = write_folder(folder, out.files, complete=True)
+    written = write_folder(folder, out.files, complete=True, force=req.opts.force)
     shown = sorted({str(folder / p.relative_to(folder).parts[0]) for p in written})
     result = {"ok": True, "folder": str(folder), "files": shown,
               "findings": [f.as_dict() for f in out.stack.findings]}

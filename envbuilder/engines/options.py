@@ -17,3 +17,4 @@ class BuildOptions:
     check_reproducible: bool = False         # buildah/podman: build twice, compare digests
     conda_lockfile: str | None = None        # the lock step: a conda-lock file instead of resolving
     quiet: bool = False                      # --json: no progress lines
+    force: bool = False                      # --force: replace files envbuilder did not write

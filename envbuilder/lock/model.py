@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import EnvbuilderError
-from ..quoting import CONTROL_RE, IMAGE_REF_RE
+from ..jsonfile import check_shape, loads_bounded, read_bounded
+from ..quoting import IMAGE_REF_RE
 from ..schema import URL_RE
+from .schema import LOCK_SCHEMA
 
 SCHEMA = "envbuilder.lock/1"
 LOCK_NAME = "envbuilder.lock"
@@ -40,7 +42,12 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 VERSION_RE = re.compile(r"[A-Za-z0-9.+!_:~-]{1,128}")
 FILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+%!-]{0,254}")
 TIME_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]{2,20}(?:Z|[+-][0-9]{2}:[0-9]{2})?")
-MAX_LOCK_BYTES = 64 * 1024 * 1024
+# bounds on a lock read (a GPU stack's lock is about 200 KB; conda adds a few hundred KB)
+MAX_LOCK_BYTES = 16 * 1024 * 1024
+MAX_LOCK_DEPTH = 32
+MAX_LOCK_VALUES = 2_000_000
+_FIX = ("re-create it with `envbuilder lock SPEC` (or restore it from version control); never edit "
+        "envbuilder.lock by hand")
 
 
 def canonical_name(name: str) -> str:
@@ -163,43 +170,35 @@ class LockError(EnvbuilderError):
 
 
 def _err(path: str | None, entry: str, reason: str, fix: str = "") -> LockError:
-    return LockError(entry, reason, fix or "re-create it with `envbuilder lock SPEC` (or restore it "
-                     "from version control); never edit envbuilder.lock by hand", source=path)
+    return LockError(entry, reason, fix or _FIX, source=path)
 
 
 def loads(text: str, path: str | None = None) -> Lock:
+    """A lock from its text: bounded size and nesting, then its whole shape (schema.py), then the
+    consistency of every entry, then the seals. One LockError naming the place otherwise."""
     if len(text) > MAX_LOCK_BYTES:
-        raise _err(path, "envbuilder.lock", f"is {len(text)} bytes, more than a lock can be")
+        raise _err(path, "envbuilder.lock", f"is {len(text)} bytes, more than a lock can be "
+                   f"({MAX_LOCK_BYTES // (1024 * 1024)} MiB)")
     try:
-        data = json.loads(text)
-    except RecursionError:
-        raise _err(path, "envbuilder.lock", "is nested too deeply to be a lock; the file is corrupt") from None
-    except ValueError as exc:
-        raise _err(path, "envbuilder.lock", f"is not valid JSON (line {getattr(exc, 'lineno', '?')}: "
-                   f"{getattr(exc, 'msg', exc)}); the file is corrupt or truncated") from None
+        data = loads_bounded(text, "envbuilder.lock", max_depth=MAX_LOCK_DEPTH, max_values=MAX_LOCK_VALUES,
+                             fix=_FIX, source=path)
+    except EnvbuilderError as exc:
+        raise LockError(exc.field, exc.reason, exc.fix, source=path) from None
+    return from_data(data, path)
+
+
+def from_data(data, path: str | None = None) -> Lock:
+    """A lock from parsed JSON (``loads`` and `envbuilder diff`)."""
     if not isinstance(data, dict):
         raise _err(path, "envbuilder.lock", "is not a JSON object")
     if data.get("schema") != SCHEMA:
-        raise _err(path, "schema", f"is {data.get('schema')!r}, this envbuilder reads {SCHEMA!r}",
+        shown_schema = data.get("schema") if isinstance(data.get("schema"), str) else type(data.get("schema")).__name__
+        raise _err(path, "schema", f"is {str(shown_schema)[:60]!r}, this envbuilder reads {SCHEMA!r}",
                    "re-create it with `envbuilder lock SPEC`")
-    for key, typ in (("name", str), ("inputs", dict), ("base", dict), ("apt", dict), ("sources", list),
-                     ("pip", dict), ("seals", dict), ("resolvers", dict), ("resolved_at", str)):
-        if not isinstance(data.get(key), typ):
-            raise _err(path, key, f"is missing or not a {typ.__name__}")
-    if data.get("conda") is not None and not (isinstance(data["conda"], dict)
-                                              and isinstance(data["conda"].get("lockfile"), dict)
-                                              and isinstance(data["conda"]["lockfile"].get("package", []), list)
-                                              and all(isinstance(x, dict) for x in data["conda"]["lockfile"].get("package", []))):
-        raise _err(path, "conda", "is not an object with a conda-lock lockfile")
-    if not TIME_RE.fullmatch(data["resolved_at"]):
-        raise _err(path, "resolved_at", f"{data['resolved_at'][:40]!r} is not a time (YYYY-MM-DDTHH:MM:SSZ)")
-    if not NAME_RE.fullmatch(data["name"]):
-        raise _err(path, "name", f"{data['name'][:40]!r} is not a spec name")
-    for key, value in _texts("generated_by", data.get("generated_by", "")) + _texts("resolvers", data["resolvers"]):
-        if value is None:
-            continue
-        if len(value) > 200 or CONTROL_RE.search(value) or CONTROL_RE.search(key):
-            raise _err(path, key[:60], "is not one line of text (at most 200 characters)")
+    try:
+        check_shape(data, LOCK_SCHEMA, "envbuilder.lock", fix=_FIX, source=path)
+    except EnvbuilderError as exc:
+        raise LockError(exc.field, exc.reason, exc.fix, source=path) from None
     lock = Lock(name=data["name"], inputs=data["inputs"], base=data["base"], apt=data["apt"],
                 sources=data["sources"], pip=data["pip"], conda=data.get("conda"),
                 resolved_at=data["resolved_at"], resolvers=data["resolvers"],
@@ -219,26 +218,12 @@ def loads(text: str, path: str | None = None) -> Lock:
     return lock
 
 
-def _texts(where: str, value) -> list[tuple[str, object]]:
-    """(dotted place, value) of every leaf of a JSON value: resolver notes are text, and may be
-    grouped in objects (resolvers.apt-index: one entry per package index)."""
-    if isinstance(value, dict):
-        return [t for k, v in value.items() for t in _texts(f"{where}.{k}", v)]
-    if isinstance(value, list):
-        return [t for n, v in enumerate(value) for t in _texts(f"{where}[{n}]", v)]
-    return [(where, value if value is None or isinstance(value, str) else str(value))]
-
-
 def load(path: str | Path) -> Lock:
     path = Path(path)
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise _err(str(path), "envbuilder.lock", f"cannot be read: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise _err(str(path), "envbuilder.lock", "is not UTF-8 text (a binary or corrupt file)") from None
+        text = read_bounded(path, "envbuilder.lock", MAX_LOCK_BYTES, _FIX)
+    except EnvbuilderError as exc:
+        raise LockError(exc.field, exc.reason, exc.fix, source=str(path)) from None
     return loads(text, str(path))
 
 

@@ -24,7 +24,7 @@ _TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]')
 
 
 def _fail(field: str, reason: str, fix: str, source: str | None) -> EnvbuilderError:
-    return EnvbuilderError(field, reason, fix, source=source)
+    return EnvbuilderError(field, reason, fix, source=None if source == field else source)
 
 
 def read_bounded(path: str | Path, field: str, max_bytes: int, fix: str) -> str:
@@ -154,4 +154,4 @@ def check_shape(data, schema: dict, root: str, *, fix: str, source: str | None =
         reason = f"is {_json_type(e.instance)}"
     if want:
         reason += f"; it must be {want}"
-    raise EnvbuilderError(where, reason, fix, source=source)
+    raise EnvbuilderError(where, reason, fix, source=None if source == where else source)

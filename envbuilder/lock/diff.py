@@ -3,12 +3,15 @@ what was added, removed, or changed version."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..errors import CheckFailed, EnvbuilderError
+from ..jsonfile import loads_bounded, read_bounded
+from ..manifest_shape import check_manifest, parse_manifest
 from ..paths import MANIFEST_IN_IMAGE
-from .model import LOCK_NAME, SCHEMA, canonical_name, loads
+from .model import LOCK_NAME, MAX_LOCK_BYTES, MAX_LOCK_DEPTH, MAX_LOCK_VALUES, SCHEMA, LockError, canonical_name, from_data
+
+_FIX = "give envbuilder.lock or manifest.json (a lock, a manifest, an output folder or an image reference)"
 
 
 def _manifest_flat(data: dict) -> dict[str, str]:
@@ -47,7 +50,7 @@ def _image_manifest(ref: str, connect) -> dict:
     except Exception as exc:  # no engine, no such image, no manifest in it
         raise CheckFailed(ref, f"cannot read {MANIFEST_IN_IMAGE} from image {ref} ({type(exc).__name__})",
                           "give an image built by envbuilder, with the Docker engine running") from None
-    return json.loads(raw.decode())
+    return parse_manifest(raw.decode("utf-8", errors="replace"), ref, f"{ref}:{MANIFEST_IN_IMAGE}")
 
 
 def load_any(what: str, connect) -> tuple[str, dict[str, str]]:
@@ -63,16 +66,17 @@ def load_any(what: str, connect) -> tuple[str, dict[str, str]]:
             raise EnvbuilderError(what, f"has neither {LOCK_NAME} nor manifest.json",
                                   "give a lock, a manifest, an output folder or an image reference")
     if path.is_file():
-        text = path.read_text(encoding="utf-8", errors="replace")
-        try:
-            data = json.loads(text)
-        except ValueError:
-            raise EnvbuilderError(what, "is neither a lock nor a manifest (not JSON)",
-                                  "give envbuilder.lock or manifest.json") from None
+        # bounded: a lock or a manifest is at most MAX_LOCK_BYTES, nested at most MAX_LOCK_DEPTH
+        text = read_bounded(path, what, MAX_LOCK_BYTES, _FIX)
+        data = loads_bounded(text, what, max_depth=MAX_LOCK_DEPTH, max_values=MAX_LOCK_VALUES, fix=_FIX,
+                             source=str(path))
         if isinstance(data, dict) and data.get("schema") == SCHEMA:
-            return "lock", loads(text, str(path)).flat()
+            try:
+                return "lock", from_data(data, str(path)).flat()
+            except LockError as exc:
+                raise EnvbuilderError(exc.field, exc.reason, exc.fix, source=exc.source) from None
         if isinstance(data, dict) and "expect" in data:
-            return "manifest", _manifest_flat(data)
+            return "manifest", _manifest_flat(check_manifest(data, what, str(path)))
         raise EnvbuilderError(what, "is neither a lock nor a manifest", "give envbuilder.lock or manifest.json")
     if ":" in what or "/" in what:
         return "image", _manifest_flat(_image_manifest(what, connect))
@@ -86,8 +90,12 @@ def image_identity(what: str) -> dict | None:
     record = path / "image.json" if path.is_dir() else None
     if record is not None and record.is_file():
         try:
-            data = json.loads(record.read_text())
-        except ValueError:
+            data = loads_bounded(read_bounded(record, what, 1024 * 1024, _FIX), what, max_depth=8,
+                                 max_values=10_000, fix=_FIX)
+        except EnvbuilderError:
+            return None
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), (str, type(None)))
+                                                 for k in ("id", "docker_id", "digest")):
             return None
         ids = [i for i in (data.get("id"), data.get("docker_id")) if i]
         return {"id": data.get("id"), "ids": ids, "digest": data.get("digest"), "where": str(record)} if ids else None

@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..manifest_shape import read_manifest_file
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EnvbuilderError
 from ..paths import HOST_MODULE, MANIFEST_IN_IMAGE, PREFIX, SUITE_MODULE, VERIFY_MANIFEST  # noqa: F401
 # the report's markers and schema are the suite's own (envbuilder/smoke is stdlib-only, so verify
@@ -44,22 +45,11 @@ class Target:
 
 
 def read_manifest(path: Path, field_name: str = "FOLDER") -> dict:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+    """manifest.json, bounded and its shape checked (manifest_shape.py); one message otherwise."""
+    if not Path(path).exists():
         raise EnvbuilderError(field_name, f"{path} does not exist",
                               "give the output folder of `envbuilder build` (it holds manifest.json)")
-    except OSError as exc:
-        raise EnvbuilderError(field_name, f"cannot read {path}: {exc.strerror}")
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise EnvbuilderError(field_name, f"{path} is not valid JSON ({exc})",
-                              "re-run `envbuilder build --no-build SPEC` to rewrite it")
-    if not isinstance(data, dict) or not isinstance(data.get("expect"), dict):
-        raise EnvbuilderError(field_name, f"{path} is not an envbuilder manifest (no 'expect' section)",
-                              "give the output folder of `envbuilder build`")
-    return data
+    return read_manifest_file(path, field_name)
 
 
 def find_folder(cwd: Path) -> Path | None:

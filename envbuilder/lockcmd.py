@@ -25,7 +25,7 @@ from .lock.diff import compare, identity_line, image_identity, load_any, table
 from .lock.model import LOCK_NAME, LockError, dump, load
 from .lock.resolve import resolve_lock
 from .needs import bootstrap_prefer, needs, source_tarballs
-from .output import write_folder
+from .output import check_replaceable, write_folder
 from .resolve import resolve
 from .spec import load_spec
 
@@ -142,6 +142,7 @@ def cmd_lock(args) -> int:
     spec = load_spec(args.spec)
     stack = resolve(spec)
     path = lock_path(spec, args.lock, args.out)
+    check_replaceable(path, "--lock" if args.lock else "--out", bool(args.force))
     previous = None
     if path.is_file():
         try:

@@ -34,3 +34,27 @@ def test_the_property_catches_what_it_should():
     assert fuzz.violation(1, 0.1, "error: x")
     assert fuzz.violation(0, 2.5, "")
     assert fuzz.violation(2, 0.1, "error: spec: name: ...") is None
+
+
+# --- the lock as input (tools/fuzz_lock.py) ------------------------------------------------------
+
+import fuzz_lock  # noqa: E402
+
+LOCK_EXAMPLES = 120
+
+
+@settings(max_examples=LOCK_EXAMPLES, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(fuzz_lock.cases())
+def test_mutated_locks_exit_0_or_one_message_with_exit_2_and_change_nothing(case):
+    text, done = case
+    code, err, changed = fuzz_lock.run_case(text)
+    assert fuzz_lock.violation(code, err, changed) is None, (done, err[-3000:])
+
+
+def test_the_lock_property_catches_what_it_should():
+    assert fuzz_lock.violation("exception", "Traceback", True)
+    assert fuzz_lock.violation(2, "error: x\n", True)              # refused, but wrote
+    assert fuzz_lock.violation(2, "", False)
+    assert fuzz_lock.violation(1, "error: x\n", False)
+    assert fuzz_lock.violation(2, "error: x\n", False) is None

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
+from pathlib import Path
 from typing import Callable
 
 from ..errors import EXIT_CHECK_FAILED, EXIT_OK, EnvbuilderError
@@ -56,7 +58,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_slurm_arguments(parser)
 
 
+def check_report_path(option: str, value: str | None) -> None:
+    """Before the suite runs: --report/--junit FILE must be a file that can be written (missing
+    folders above it are made at the end); a folder, a path under a file or an unwritable place is
+    one message naming the option, and nothing is written."""
+    if not value:
+        return
+    path = Path(value)
+    fix = f"give {option} a file path in a folder you can write to (e.g. {option} reports/{path.name or 'report'})"
+    if value.endswith(("/", os.sep)) or path.is_dir():
+        raise EnvbuilderError(option, f"{value} is a folder; {option} writes one file", fix)
+    if path.exists() and not path.is_file():
+        raise EnvbuilderError(option, f"{value} is not a plain file", fix)
+    parent = path.parent
+    while not parent.exists():
+        if parent.is_symlink():
+            raise EnvbuilderError(option, f"{parent} is a dangling symbolic link", fix)
+        parent = parent.parent
+    if not parent.is_dir():
+        raise EnvbuilderError(option, f"{parent} is a file, so {value} cannot be made under it", fix)
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise EnvbuilderError(option, f"cannot write {value}: permission denied", fix)
+
+
+def _write_report(option: str, path: str, text: str) -> None:
+    try:
+        write_atomic(path, text)
+    except OSError as exc:
+        raise EnvbuilderError(option, f"cannot write {path}: {exc.strerror or exc}",
+                              f"give {option} a file path in a folder you can write to") from None
+
+
 def options(args) -> VerifyOptions:
+    check_report_path("--report", args.report)
+    check_report_path("--junit", args.junit)
+    if args.report and args.junit and Path(args.report).resolve() == Path(args.junit).resolve():
+        raise EnvbuilderError("--junit", "names the same file as --report", "give the two different files")
     if args.ranks < 1:
         raise EnvbuilderError("--ranks", f"must be at least 1, got {args.ranks}")
     if args.timeout <= 0:
@@ -115,12 +152,12 @@ def report_outcome(args, opts: VerifyOptions, target: Target, outcome: Outcome, 
         report["verify"]["image_record"] = record
     failed = rep.summary(report)[rep.FAIL] > 0 or report.get("ok") is False
     if args.report:
-        write_atomic(args.report, rep.dumps(report))
+        _write_report("--report", args.report, rep.dumps(report))
     if args.junit:
         props = {"runtime": target.runtime, "image": target.image or "", "ranks": opts.ranks,
                  "command": " ".join(shlex.quote(a) for a in outcome.argv)}
-        write_atomic(args.junit, rep.junit_xml(report, suite_name=f"envbuilder.verify.{target.name}",
-                                               properties=props))
+        _write_report("--junit", args.junit, rep.junit_xml(report, suite_name=f"envbuilder.verify.{target.name}",
+                                                            properties=props))
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
     else:

@@ -187,8 +187,11 @@ def test_rebuilding_into_an_existing_folder_keeps_other_files(cli, tmp_path):
     out = tmp_path / "out"
     assert cli("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(out)).code == 0
     (out / "build.log").write_text("keep me")
-    (out / "Dockerfile").write_text("old")
-    assert cli("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(out)).code == 0
+    (out / "Dockerfile").write_text("old")           # no envbuilder header now: the user's
+    r = cli("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(out))
+    assert r.code == 2 and "Dockerfile" in r.err and "--force" in r.err, r.err
+    assert (out / "Dockerfile").read_text() == "old"
+    assert cli("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(out), "--force").code == 0
     assert (out / "build.log").read_text() == "keep me"
     assert (out / "Dockerfile").read_text().startswith("# Dockerfile for cpu-torch-horovod")
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
@@ -248,7 +251,8 @@ def test_a_rewritten_folder_loses_stale_pins_but_keeps_the_users_files(tmp_path)
     (folder / "notes.txt").write_text("mine")
     write_folder(folder, {"envbuilder.lock": b"{}"})
     assert (folder / "pins" / "pip-packages.txt").is_file()
-    write_folder(folder, {"Dockerfile": b"2", "pins/pip-framework.txt": b"a"}, complete=True)
+    write_folder(folder, {"Dockerfile": b"2", "pins/pip-framework.txt": b"a"}, complete=True,
+                 force=True)          # "1" has no envbuilder header: the user's file, replaced on --force
     assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()) == \
         ["Dockerfile", "envbuilder.lock", "notes.txt", "pins/pip-framework.txt"]
 

@@ -34,6 +34,9 @@ sys.path.insert(0, str(ROOT))
 
 from envbuilder.cli import main  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "tools"))
+from fuzz import _mutate, _paths  # noqa: E402  (every path into a JSON-like value; nests stay text, so it is shallow)
+
 SPEC = ROOT / "recipes" / "cpu-torch.yaml"
 HEX = "0123456789abcdef"
 
@@ -114,18 +117,6 @@ values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=
                       max_leaves=8)
 
 
-def _paths(node, prefix=()):
-    yield prefix
-    if len(prefix) > 12:
-        return
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(node, list):
-        for n, v in enumerate(node):
-            yield from _paths(v, prefix + (n,))
-
-
 def _nested(depth: int, leaf) -> str:
     """LEAF inside DEPTH levels of lists and objects, as JSON text (built as text: Python's own
     json and the test's recursion would stop at a thousand levels)."""
@@ -146,20 +137,11 @@ def cases(draw, base_text: str | None = None):
             parent = parent[p]
         op = draw(st.sampled_from(["replace", "replace", "type", "delete", "add", "nest"]))
         last = path[-1]
-        if op == "replace":
-            parent[last] = draw(values)
+        if op in ("replace", "delete", "add"):
+            data = _mutate(data, path, op, draw(values), draw(st.sampled_from(["x", "name", "", "pinned", "\n"])))
         elif op == "type":
             old = parent[last]
             parent[last] = draw(st.sampled_from([None, 5, 1.5, True, "text", [], {}, [old], {"x": old}]))
-        elif op == "delete":
-            if isinstance(parent, dict):
-                del parent[last]
-            else:
-                parent.pop(last)
-        elif op == "add" and isinstance(parent[last], dict):
-            parent[last][draw(st.sampled_from(["x", "name", "", "pinned", "\n"]))] = draw(values)
-        elif op == "add" and isinstance(parent[last], list):
-            parent[last].append(draw(values))
         elif op == "nest":
             nests.append(_nested(draw(st.sampled_from([10, 40, 1000, 5000])), parent[last]))
             parent[last] = f"@@NEST{len(nests) - 1}@@"

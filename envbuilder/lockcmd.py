@@ -24,6 +24,7 @@ from .lock.base import check_engine_base
 from .lock.diff import compare, identity_line, image_identity, load_any, table
 from .lock.model import LOCK_NAME, LockError, dump, load
 from .lock.resolve import resolve_lock
+from .lock.variant import check_framework_build
 from .needs import bootstrap_prefer, needs, source_tarballs
 from .output import check_replaceable, write_folder
 from .resolve import resolve
@@ -96,6 +97,7 @@ def ensure_locked(opts: BuildOptions, spec, folder: Path, out, path: Path):
         lock = resolve_lock(out.stack, needs(out.stack), client=_client, progress=_say(quiet),
                             sources=source_tarballs(out.stack), prefer=bootstrap_prefer(out.stack),
                             **_resolver_options(opts))
+        check_framework(out.stack, lock)
         out = generate(spec, lock)
         write_folder(folder, out.files, complete=True, force=opts.force)
         if path.parent.resolve() != folder.resolve():
@@ -108,6 +110,16 @@ def ensure_locked(opts: BuildOptions, spec, folder: Path, out, path: Path):
     for entry in lock.base.values():
         check_engine_base(entry, client)
     return out
+
+
+def check_framework(stack, lock) -> None:
+    """Before the lock is written: its framework wheel is the build the spec asks for (GPU or CPU)."""
+    if stack.ngc:
+        return          # the NGC image brings its own framework build
+    fw = stack.spec.framework
+    cuda = stack.spec.cuda
+    check_framework_build(lock.pip, stack.catalog.framework(fw.name)["pip"], gpu=bool(cuda),
+                          cuda_from_pypi=bool(cuda and cuda.from_pypi), spec_version=fw.version)
 
 
 def summary(lock) -> str:
@@ -159,6 +171,7 @@ def cmd_lock(args) -> int:
                         progress=_say(args.json), sources=source_tarballs(stack), prefer=bootstrap_prefer(stack),
                         **_resolver_options(opts))
     seconds = time.monotonic() - started
+    check_framework(stack, lock)
     if previous is not None and previous.inputs == lock.inputs and previous.flat() == lock.flat() \
             and previous.conda == lock.conda:
         lock.resolved_at, lock.resolvers = previous.resolved_at, previous.resolvers   # nothing changed

@@ -59,12 +59,15 @@ def batch_lines(stack: Stack, runtime_cleanup: list[str]) -> list[str]:
         f'    printf \'%s\\n\' "${{SLURM_JOB_ID:-$$}}" > "$JOB_LOCAL/{MARKER}"',
         '    mkdir -p "$HOME"',
         "}",
-        "remove_job_local() {",
-        f'    if own_folder "$JOB_LOCAL" && [ -f "$JOB_LOCAL/{MARKER}" ]; then',
-        '        rm -rf --one-file-system -- "$JOB_LOCAL" 2>/dev/null || true',
-        "    fi",
-        "}",
     ]
+    if m == "job":
+        out += [
+            "remove_job_local() {",
+            f'    if own_folder "$JOB_LOCAL" && [ -f "$JOB_LOCAL/{MARKER}" ]; then',
+            '        rm -rf --one-file-system -- "$JOB_LOCAL" 2>/dev/null || true',
+            "    fi",
+            "}",
+        ]
     if m == "slurm":
         out.append("# cluster.local_cleanup: slurm: Slurm (or the site) removes the local root with the job")
     elif m == "epilog":
@@ -93,7 +96,7 @@ def batch_lines(stack: Stack, runtime_cleanup: list[str]) -> list[str]:
         "trap 'exit 143' TERM",
         "trap 'exit 130' INT",
         "trap 'exit 129' HUP",
-        "export -f own_folder make_job_local remove_job_local",
+        "export -f own_folder make_job_local" + (" remove_job_local" if m == "job" else ""),
     ]
     return out
 

@@ -15,8 +15,8 @@ from .paths import SMOKE_DIR
 from .render.apptainer import render_apptainer
 from .render.dockerfile import render_dockerfile
 from .render.manifest import render_manifest
-from .render.sbatch import render_sbatch
-from .slurm.nodelocal import EPILOG, render_epilog
+from .render.sbatch import render_epilog, render_sbatch
+from .slurm.nodelocal import EPILOG
 from .resolve import Stack, resolve
 from .spec import Spec
 

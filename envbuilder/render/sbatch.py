@@ -468,3 +468,12 @@ def render_sbatch(stack: Stack) -> str:
         lines += _smoke(stack, rt)
     lines += _launch(stack, rt, pmi)
     return "\n".join(lines) + "\n"
+
+
+def render_epilog(stack: Stack) -> str | None:
+    """slurm-epilog.sh for `cluster.local_cleanup: epilog`: the node Epilog a site installs."""
+    if nodelocal.mode(stack) != "epilog":
+        return None
+    first, rest = nodelocal.epilog_text(nodelocal.local_root(stack)).split("\n", 1)
+    head = header("#", f"Node Epilog for the jobs of {stack.spec.name}", stack.spec.sha256(), [])
+    return "\n".join([first, *head, rest])

@@ -26,7 +26,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..quoting import shell_word
-from ..render.common import header
 from ..resolve import Stack
 
 MARKER = ".envbuilder-job"
@@ -192,15 +191,6 @@ def local_root(stack: Stack) -> str | None:
     if root and root.startswith("/") and "$" not in root and "`" not in root:
         return root.rstrip("/") or "/"
     return None
-
-
-def render_epilog(stack: Stack) -> str | None:
-    """slurm-epilog.sh for cluster.local_cleanup: epilog: the node Epilog a site installs."""
-    if mode(stack) != "epilog":
-        return None
-    text = epilog_text(local_root(stack)).split("\n", 1)
-    head = header("#", f"Node Epilog for the jobs of {stack.spec.name}", stack.spec.sha256(), [])
-    return "\n".join([text[0], *head, text[1]])
 
 
 EPILOG_TEMPLATE = Path(__file__).resolve().parent.parent / "data" / "node-epilog.sh"

@@ -15,7 +15,8 @@ from .paths import SMOKE_DIR
 from .render.apptainer import render_apptainer
 from .render.dockerfile import render_dockerfile
 from .render.manifest import render_manifest
-from .render.sbatch import render_sbatch
+from .render.sbatch import render_epilog, render_sbatch
+from .slurm.nodelocal import EPILOG
 from .resolve import Stack, resolve
 from .spec import Spec
 
@@ -70,6 +71,9 @@ def generate(spec: Spec, lock=None) -> Output:
     if "apptainer" in spec.targets:
         recipes["Apptainer.def"] = render_apptainer(plan, sha).encode()
     recipes["job.sbatch"] = render_sbatch(stack).encode()
+    epilog = render_epilog(stack)
+    if epilog is not None:          # cluster.local_cleanup: epilog: what the site installs
+        recipes[EPILOG] = epilog.encode()
     if lock is not None:
         recipes["envbuilder.lock"] = dump(lock).encode()
         recipes.update(pins_files(lock))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .errors import EnvbuilderError
 
-EXECUTABLE = {"job.sbatch"}
+EXECUTABLE = {"job.sbatch", "slurm-epilog.sh"}
 OWNED = ("pins", "envbuilder_smoke")   # all generated: a file the new write lacks is stale
 # the names envbuilder gives files in the folders it owns (lock/render.py, the smoke suite)
 GENERATED = re.compile(r"pins/(?:apt|pip|conda)-[a-z0-9-]+\.(?:txt|yml)"

@@ -73,6 +73,7 @@ FRAMEWORKS = ("tensorflow", "tensorflow-cpu", "intel-tensorflow", "pytorch")
 HOROVOD_OPS = ("nccl", "mpi", "gloo")
 RUNTIMES = JOB_RUNTIMES     # the registry in runtimes/__init__.py decides which exist
 MONITORS = ("tensorboard", "timeline")
+LOCAL_CLEANUPS = ("job", "epilog", "slurm")   # who removes the node-local folder (slurm/staging.py)
 DISTRIBUTED = ("horovod", "torch", "tf-multiworker", "none")
 TORCH_BACKENDS = ("nccl", "gloo", "mpi")
 TORCH_LAUNCHERS = ("srun", "torchrun")
@@ -196,6 +197,11 @@ SPEC_FIELDS: dict[str, Field] = {
                    "(ranks find it in $ENVBUILDER_DATA)."),
         "local_scratch": s("Node-local folder for staging and the throw-away HOME "
                            "(default: $SLURM_TMPDIR, $TMPDIR or /tmp)."),
+        "local_cleanup": s("Who removes the node-local folder when the job ends (a site profile's "
+                           "key): job (default: job.sbatch itself, also after scancel and at the "
+                           "time limit), epilog (the site runs envbuilder's slurm-epilog.sh as its "
+                           "node Epilog), slurm (local_scratch is a per-job folder Slurm or the site "
+                           "removes: job_container/tmpfs, a per-job $TMPDIR).", enum=LOCAL_CLEANUPS),
         "sweep": Field("list", "Hyper-parameter grid, one NAME=v1,v2,... per entry: the product "
                        "becomes a Slurm job array; each task gets NAME in its environment.",
                        items=Field("string", "NAME=v1,v2,...", pattern=SWEEP_RE,

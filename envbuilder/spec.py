@@ -106,6 +106,7 @@ class Cluster:
     env: tuple[tuple[str, str], ...] = ()
     stage: str | None = None
     local_scratch: str | None = None
+    local_cleanup: str | None = None
     sweep: tuple[str, ...] = ()
     monitor: tuple[str, ...] = ()
     arch: str | None = None
@@ -115,7 +116,7 @@ class Cluster:
     # keys added after the first release: left out of the spec hash while unset, so that
     # existing specs keep their hash (and their image tags)
     LATER_KEYS = ("pmi", "venv", "modules", "env", "stage", "local_scratch", "sweep", "monitor",
-                  "arch", "gpu", "driver")
+                  "arch", "gpu", "driver", "local_cleanup")
 
     def canonical(self) -> dict:
         out = {}

@@ -160,9 +160,12 @@ def _sbatch_directives(text: str) -> tuple[list[str], int]:
 def _stubs(root: Path) -> Path:
     bin_ = root / "stub-bin"
     bin_.mkdir(parents=True, exist_ok=True)
-    for name, body in {"srun": "exit 0", "scontrol": "echo localhost", "module": "exit 0"}.items():
+    # srun: the node step runs here, as on a one-node job (it sets up the node, reports ready and
+    # waits for the end); every other step does nothing
+    srun = 'case "$*" in *"bash -c node_step") exec bash -c node_step ;; esac\nexit 0'
+    for name, body in {"srun": srun, "scontrol": "echo localhost", "module": "exit 0"}.items():
         p = bin_ / name
-        p.write_text(f"#!/bin/sh\n{body}\n")
+        p.write_text(f"#!/bin/bash\n{body}\n")   # bash: the exported functions pass
         p.chmod(p.stat().st_mode | stat.S_IXUSR)
     return bin_
 

@@ -19,8 +19,10 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -60,8 +62,8 @@ def host_python() -> str:
     return SMOKE_VENV_PYTHON
 
 
-def build_folder(recipe: Path, out: Path, *args: str) -> Path:
-    r = run_envbuilder("build", str(recipe), *SITE, "--no-build", "--out", str(out), *args)
+def build_folder(recipe: Path, out: Path, *args: str, site: tuple[str, ...] = SITE) -> Path:
+    r = run_envbuilder("build", str(recipe), *site, "--no-build", "--out", str(out), *args)
     assert r.code == 0, r.err
     return out
 
@@ -101,9 +103,52 @@ def sbatch_wait(cluster, script: Path, *args: str, timeout: int = 300):
     return proc.returncode, job_id, proc.stderr + logs
 
 
-def local_leftovers(job_id: str) -> list[str]:
-    """This job's node-local folders still on the nodes ($ROOT/local/<node> is the node's /local)."""
-    return [str(p) for n in NODES for p in (ROOT / "local" / n).glob(f"envbuilder.{job_id}*")]
+def local_leftovers(job_id: str, sub: str = "") -> list[str]:
+    """This job's node-local folders still on the nodes ($ROOT/local/<node> is the node's /local;
+    SUB: a folder under it)."""
+    return [str(p) for n in NODES for p in (ROOT / "local" / n / sub).glob(f"envbuilder.{job_id}*")]
+
+
+def submit(cluster, job: Path, *args: str, env: dict | None = None) -> str:
+    """sbatch (not waiting): the job id."""
+    opts = [a for a in args if a.startswith("--")]
+    command = [a for a in args if not a.startswith("--")]
+    proc = subprocess.run(["sbatch", "--parsable", *opts, str(job / "job.sbatch"), *command], cwd=job,
+                          capture_output=True, text=True, env={**os.environ, **cluster, **(env or {})}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+def wait_for(what, seconds: float, step: float = 0.5) -> bool:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if what():
+            return True
+        time.sleep(step)
+    return bool(what())
+
+
+def job_state(cluster, job_id: str) -> str:
+    proc = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True,
+                          text=True, env={**os.environ, **cluster}, timeout=30)
+    return proc.stdout.strip()
+
+
+def job_log(job: Path, job_id: str) -> str:
+    return "".join(p.read_text() for p in sorted(job.glob(f"*-{job_id}*.out")))
+
+
+@contextmanager
+def machine_busy(burners: int = 3):
+    """CPU burners on this machine (the nodes are containers on it): every step, trap and
+    cleanup of a job runs late, as on a loaded node."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(burners)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 # --------------------------------------------------------------------------- host runtime
@@ -298,7 +343,8 @@ if os.environ.get("CHECKPOINT_DIR"):          # rank 0 alone has it
 """
 
 
-def staging_job(shared: Path, name: str, extra: str = "", sweep: tuple[str, ...] = ()) -> Path:
+def staging_job(shared: Path, name: str, extra: str = "", sweep: tuple[str, ...] = (),
+                site: tuple[str, ...] = SITE) -> Path:
     base = shared / name
     dataset = base / "dataset"
     dataset.mkdir(parents=True)
@@ -318,7 +364,7 @@ cluster:
   stage: "{dataset}"
   command: {NODE_PYTHON} {base}/read.py
 {extra}""")
-    return build_folder(spec, base / "job", "--runtime", "host", *sweep)
+    return build_folder(spec, base / "job", "--runtime", "host", *sweep, site=site)
 
 
 def test_staging_copies_once_per_node_and_the_local_folders_go_also_after_scancel(cluster, shared):
@@ -341,21 +387,114 @@ def test_staging_copies_once_per_node_and_the_local_folders_go_also_after_scance
     assert len(copies) == 2 and (source.st_dev, source.st_ino) not in copies
     assert local_leftovers(job_id) == []
 
-    # scancel while the ranks run: the keeper step on each node removes its folder
-    proc = subprocess.run(["sbatch", "--parsable", str(job / "job.sbatch"), "sleep", "300"], cwd=job,
-                          capture_output=True, text=True, env={**os.environ, **cluster}, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    job_id = proc.stdout.strip().split(";")[0]
-    deadline = time.time() + 60
-    while time.time() < deadline and len(local_leftovers(job_id)) < 2:
-        time.sleep(0.5)
-    assert len(local_leftovers(job_id)) == 2, "the job never staged on both nodes"
-    time.sleep(1)
-    subprocess.run(["scancel", job_id], env={**os.environ, **cluster}, check=True, timeout=30)
-    deadline = time.time() + 30
-    while time.time() < deadline and local_leftovers(job_id):
-        time.sleep(0.5)
-    assert local_leftovers(job_id) == []
+    assert "ROOTS=(/local)" in (job / "slurm-epilog.sh").read_text()      # what the cluster runs
+
+    # the site's Epilog (sites/minicluster.yaml: local_cleanup: epilog; tools/minicluster installs
+    # slurm-epilog.sh as the nodes' Epilog) removes the folders after scancel, with the machine busy
+    with machine_busy():
+        job_id = submit(cluster, job, "sleep", "300")
+        assert wait_for(lambda: len(local_leftovers(job_id)) == 2, 90), "the job never staged on both nodes"
+        assert "sweep_stale" not in (job / "job.sbatch").read_text()     # the Epilog's work, not the job's
+        subprocess.run(["scancel", job_id], env={**os.environ, **cluster}, check=True, timeout=30)
+        t0 = time.time()
+        assert wait_for(lambda: not local_leftovers(job_id), 60), local_leftovers(job_id)
+        print(f"Epilog, busy machine: the folders went {time.time() - t0:.1f} s after scancel")
+
+
+SLOW = {"cp": "/bin/cp", "srun": "/usr/bin/srun"}
+
+
+def slow_bin(base: Path, name: str, seconds: int) -> dict:
+    """A real delay, not a mock: PATH starts with a folder where NAME sleeps, then runs the real
+    NAME (the job passes PATH on to its steps; the folder is on the shared file system)."""
+    folder = base / f"slow-{name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(f"#!/bin/sh\nsleep {seconds}\nexec {SLOW[name]} \"$@\"\n")
+    (folder / name).chmod(0o755)
+    return {"PATH": f"{folder}:{os.environ['PATH']}"}
+
+
+def test_without_an_epilog_the_job_removes_its_node_folders_at_every_point_under_load(cluster, shared):
+    """local_cleanup: job (no admin): the folders go after scancel before the node steps are up,
+    during staging and while the ranks run, and at the time limit; a folder a killed job left is
+    removed by the next job on that node; all with CPU burners on the machine. /local/jobonly is
+    outside the Epilog's root (/local), so the job's own cleanup is what is tested."""
+    site = shared / "jobonly-site.yaml"
+    site.write_text((Path(__file__).resolve().parent.parent / "sites" / "minicluster.yaml").read_text()
+                    .replace("local_scratch: /local ", "local_scratch: /local/jobonly ")
+                    .replace("local_cleanup: epilog ", "local_cleanup: job "))
+    job = staging_job(shared, "jobonly", site=("--site", str(site)))
+    text = (job / "job.sbatch").read_text()
+    assert 'LOCAL_ROOT="${ENVBUILDER_LOCAL:-/local/jobonly}"' in text and "sweep_stale" in text
+    assert not (job / "slurm-epilog.sh").exists()
+    env = {**os.environ, **cluster}
+    left = lambda job_id: local_leftovers(job_id, "jobonly")         # noqa: E731
+    timings = {}
+
+    def cancel_and_time(job_id: str, what: str):
+        subprocess.run(["scancel", job_id], env=env, check=True, timeout=30)
+        t0 = time.time()
+        assert wait_for(lambda: not left(job_id), 60), (what, left(job_id), job_log(job, job_id)[-2000:])
+        timings[what] = time.time() - t0
+
+    t_start = time.time()
+    with machine_busy():
+        # the time limit (1 minute, Slurm's least), one task per node, beside the jobs below
+        timed = submit(cluster, job, "--time=1", "--ntasks-per-node=1", "sleep", "600")
+        assert wait_for(lambda: len(left(timed)) == 2, 90), "the time-limit job never set up both nodes"
+
+        # before any node step is up: the batch script made its node's folder, srun is slow to start
+        early = submit(cluster, job, "sleep", "300", env=slow_bin(shared, "srun", 60))
+        assert wait_for(lambda: len(left(early)) == 1, 90), left(early)
+        cancel_and_time(early, "before the node steps")
+
+        # during staging: the node steps made the folders, cp is slow to start
+        staging = submit(cluster, job, "sleep", "300", env=slow_bin(shared, "cp", 60))
+        assert wait_for(lambda: all((ROOT / "local" / n / "jobonly" / f"envbuilder.{staging}" / "data").is_dir()
+                                    for n in NODES), 90), left(staging)
+        cancel_and_time(staging, "during staging")
+        assert wait_for(lambda: job_state(cluster, staging) == "CANCELLED", 60), job_state(cluster, staging)
+
+        # a folder a killed job left (its step got KILL before its trap ran): marked, that job
+        # is over; next to it what is not envbuilder's to remove
+        planted = []
+        for n in NODES:
+            d = ROOT / "local" / n / "jobonly" / f"envbuilder.{staging}"
+            (d / "data").mkdir(parents=True)
+            (d / ".envbuilder-job").write_text(f"{staging}\n")
+            planted.append(d)
+        unmarked = ROOT / "local" / "mc-n1" / "jobonly" / "envbuilder.1"
+        (unmarked / "x").mkdir(parents=True, exist_ok=True)
+        victim = ROOT / "local" / "mc-n2" / "victim"
+        (victim / "keep").mkdir(parents=True, exist_ok=True)
+        (victim / ".envbuilder-job").write_text("2\n")
+        link = ROOT / "local" / "mc-n2" / "jobonly" / "envbuilder.2"
+        link.unlink(missing_ok=True)
+        link.symlink_to("/local/victim")
+        try:
+            # while the ranks run; its node steps sweep the planted folders first
+            running = submit(cluster, job, "sleep", "300")
+            assert wait_for(lambda: f"job {running}: 4 rank(s)" in job_log(job, running), 90), job_log(job, running)
+            log = job_log(job, running)
+            assert not any(d.exists() for d in planted), log
+            assert sorted(re.findall(rf"removing (mc-n\d):/local/jobonly/envbuilder\.{staging}, left by job", log)) \
+                == list(NODES), log
+            assert unmarked.is_dir() and link.is_symlink() and (victim / "keep").is_dir()
+            assert len(left(timed)) == 2            # a running job's folders are not stale
+            cancel_and_time(running, "while the ranks run")
+        finally:
+            shutil.rmtree(unmarked, ignore_errors=True)
+            link.unlink(missing_ok=True)
+            shutil.rmtree(victim, ignore_errors=True)
+
+        # the time limit: Slurm sends TERM, then KILL after KillWait
+        assert wait_for(lambda: job_state(cluster, timed) not in ("RUNNING", "PENDING", ""), 150), job_state(cluster, timed)
+        t0 = time.time()
+        assert job_state(cluster, timed) in ("TIMEOUT", "COMPLETING"), job_state(cluster, timed)
+        assert wait_for(lambda: not left(timed), 60), left(timed)
+        timings["time limit"] = time.time() - t0
+    print("job's own cleanup, busy machine: folders gone "
+          + ", ".join(f"{k}: {v:.1f} s" for k, v in timings.items()) + f"; test {time.time() - t_start:.0f} s")
 
 
 def test_a_bind_on_one_node_only_stops_the_job_before_any_rank_naming_node_and_path(cluster, shared):

@@ -4,6 +4,7 @@ profiles, sweeps, staging and monitoring show up where a user looks for them."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -116,7 +117,7 @@ def test_staging_and_monitoring_lines(cli, write_spec, tmp_path):
     text = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", "charliecloud")
     assert "STAGE_SRC=/scratch/datasets/cifar" in text
     assert 'ENVBUILDER_DATA="$JOB_LOCAL/data/$(basename "$STAGE_SRC")"' in text
-    assert "stage_data() {" in text and 'srun --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}"' in text
+    assert "stage_data() {" in text and '--ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none bash -c node_step' in text
     assert 'if [ "${ENVBUILDER_TENSORBOARD:-1}" = 1 ]' in text
     assert "ssh -N -L $TB_PORT:127.0.0.1:$TB_PORT -J" in text
     assert "--host 127.0.0.1" in text
@@ -164,3 +165,83 @@ def test_the_spec_hash_of_existing_specs_is_unchanged_by_the_new_keys():
     from envbuilder.spec import load_spec
 
     assert load_spec(RECIPES / "cpu-torch.yaml").sha256().startswith("141fef067edc")
+
+
+def site_file(tmp_path: Path, **keys: str) -> Path:
+    path = tmp_path / f"site-{'-'.join(keys.values()).replace('/', '_')}.yaml"
+    path.write_text("name: test-site\npartition: mc\n" + "".join(f"{k}: {v}\n" for k, v in keys.items()))
+    return path
+
+
+def test_who_removes_the_node_local_folder_follows_the_site_profile(cli, write_spec, tmp_path):
+    spec = write_spec(EVERYTHING)
+    # job (default): one step per node keeps the folder and removes it; the batch script traps
+    # TERM/INT/HUP and cleans its own node; stale folders of ended jobs are swept
+    job = render(cli, tmp_path, spec, "--runtime", "host")
+    for line in ("trap 'remove_job_local; exit 0' USR1 TERM INT HUP", "trap 'exit 143' TERM",
+                 "trap cleanup EXIT", 'srun --overlap --kill-on-bad-exit=0 --ntasks-per-node=1',
+                 "bash -c node_step > \"$node_fifo\" &", "    sweep_stale || true",
+                 'if state=$(squeue -h -t all -j "$id" -o %T 2>&1); then',
+                 '    printf \'%s\\n\' "${SLURM_JOB_ID:-$$}" > "$JOB_LOCAL/.envbuilder-job"'):
+        assert line in job, line
+    # the trap is set before the folder is made, in the step and in the batch script
+    step = job[job.index("node_step() {"):]
+    assert step.index("trap 'remove_job_local") < step.index("(make_job_local)")
+    assert job.index("trap cleanup EXIT") < job.index("\nmake_job_local\n")
+    # slurm: the site's per-job folder; job.sbatch removes nothing itself and keeps no step
+    slurm = render(cli, tmp_path, spec, "--runtime", "host", "--site", str(site_file(tmp_path, local_cleanup="slurm")))
+    assert "remove_job_local" not in slurm and "sweep_stale" not in slurm
+    assert "keeper_pid" not in slurm and "--overlap --kill-on-bad-exit=0" not in slurm
+    assert 'srun --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none bash -c node_step' in slurm
+    assert 'LOCAL_ROOT="${ENVBUILDER_LOCAL:-/local/ssd}"' in slurm
+    # epilog: the same, and slurm-epilog.sh beside job.sbatch, for the site's local root
+    out = tmp_path / "epi"
+    r = cli("build", str(spec), "--no-build", "--out", str(out), "--runtime", "charliecloud",
+            "--site", str(site_file(tmp_path, local_cleanup="epilog", local_scratch="/scratch/local")))
+    assert r.code == 0, r.err
+    epilog = out / "slurm-epilog.sh"
+    assert epilog.stat().st_mode & 0o111 and "ROOTS=(/scratch/local)\n" in epilog.read_text()
+    assert "Written by envbuilder" in epilog.read_text()
+    assert "sweep_stale" not in (out / "job.sbatch").read_text()
+    assert not (tmp_path / "out---runtime-host" / "slurm-epilog.sh").exists()
+    for text in (job, slurm, (out / "job.sbatch").read_text()):
+        assert shellcheck(text, tmp_path) == ""
+    assert shellcheck(epilog.read_text(), tmp_path) == ""
+    bad = cli("build", str(spec), "--no-build", "--out", str(tmp_path / "x"),
+              "--site", str(site_file(tmp_path, local_cleanup="never")))
+    assert bad.code == 2 and "local_cleanup" in bad.err
+
+
+def test_the_node_epilog_removes_only_the_jobs_marked_folder(tmp_path):
+    """The Epilog slurmd runs as root: a real folder with the marker goes; a link (and what it
+    points at), an unmarked folder, another job's folder, a job id that is not a number stay."""
+    from envbuilder.slurm.nodelocal import epilog_text
+
+    root = tmp_path / "local"
+    root.mkdir()
+    script = tmp_path / "epilog.sh"
+    script.write_text(epilog_text(str(root)))
+
+    def run(job_id: str) -> int:
+        env = {"SLURM_JOB_ID": job_id, "SLURM_JOB_UID": str(os.getuid()), "PATH": "/usr/bin:/bin"}
+        return subprocess.run(["bash", str(script)], env=env, capture_output=True).returncode
+
+    def folder(name: str, marked: bool = True) -> Path:
+        d = root / name
+        (d / "data" / "sub").mkdir(parents=True)
+        (d / "data" / "sub" / "f").write_text("x")
+        (d / "data" / "*").write_text("a file named *")
+        if marked:
+            (d / ".envbuilder-job").write_text(name.split(".")[-1] + "\n")
+        return d
+
+    mine, other, unmarked = folder("envbuilder.101"), folder("envbuilder.102"), folder("envbuilder.103", False)
+    victim = folder("victim")
+    (root / "envbuilder.104").symlink_to(victim)
+    (mine / "data" / "link").symlink_to(victim)            # a link inside: removed, not followed
+    assert [run(i) for i in ("101", "102x", "*", "", "103", "104")] == [0] * 6
+    assert not mine.exists() and other.exists() and unmarked.exists()
+    assert (root / "envbuilder.104").is_symlink() and (victim / "data" / "sub" / "f").is_file()
+    # another user's folder of that job id is not the job's
+    wrong_uid = {"SLURM_JOB_ID": "102", "SLURM_JOB_UID": str(os.getuid() + 1), "PATH": "/usr/bin:/bin"}
+    assert subprocess.run(["bash", str(script)], env=wrong_uid).returncode == 0 and other.exists()

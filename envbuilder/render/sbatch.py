@@ -22,7 +22,7 @@ from ..components.framework import runtime_env as framework_env
 from ..paths import MANIFEST_IN_IMAGE as IMAGE_MANIFEST, SMOKE_DIR
 from ..resolve import Stack
 from ..runtimes import Runtime, runtime as runtime_for
-from ..slurm import preflight, staging, sweeps
+from ..slurm import nodelocal, preflight, staging, sweeps
 from ..quoting import sbatch_value, shell_assign, shell_default, shell_word
 from .common import header
 
@@ -146,6 +146,7 @@ def _paths(stack: Stack, rt: Runtime, combos: list[dict]) -> list[str]:
         'JOB_LOCAL="$LOCAL_ROOT/envbuilder.${SLURM_JOB_ID:-$$}"',
         "export JOB_LOCAL",
     ]
+    out += nodelocal.batch_lines(stack, rt.job_cleanup())
     return out
 
 
@@ -270,7 +271,7 @@ def _binds(stack: Stack, rt: Runtime) -> list[str]:
     if rt.container:
         out += ["# The job's own folders, at the same paths inside the image",
                 'add_bind "$OUTPUT_DIR" "the output folder"',
-                'mkdir -p "$JOB_LOCAL"',
+                "make_job_local",
                 'add_bind "$JOB_LOCAL" "the node-local folder"']
     out += staging.check_lines(stack)
     out += ["# ...and again on every node by node_setup, before any rank: a path that exists here but",
@@ -314,6 +315,7 @@ def _rank_setup(stack: Stack, container: bool) -> list[str]:
         *staging.node_setup_lines(stack),
         "}",
         "export -f note die rank_main node_setup" + (" gpu_preflight version_lt" if stack.spec.cuda else ""),
+        *nodelocal.function_lines(stack),
     ]
 
 
@@ -350,28 +352,8 @@ def _launch(stack: Stack, rt: Runtime, pmi: str) -> list[str]:
     out += rt.job_launch(spec.cuda is not None)
     out += [
         "",
-        "# Node set-up step, then cleaning up the node-local folders when the job ends",
-        "# One keeper task per node removes the node-local folder when told (USR1, at the end) or when",
-        "# Slurm ends the job (TERM: scancel, time limit), where a last `srun rm` could no longer start",
-        "node_keeper() {",
-        '    trap \'rm -rf "$JOB_LOCAL"; exit 0\' TERM USR1 HUP INT',
-        "    while :; do sleep 1 & wait $! || true; done",
-        "}",
-        "export -f node_keeper",
-        'cleanup() {',
-        '    if [ -n "$tb_pid" ]; then kill "$tb_pid" 2>/dev/null || true; fi',
-        *rt.job_cleanup(),
-        "    # USR1, not TERM: srun turns a TERM into an outright kill of its tasks",
-        '    if [ -n "$keeper_pid" ] && kill -USR1 "$keeper_pid" 2>/dev/null; then',
-        '        wait "$keeper_pid" 2>/dev/null || true',
-        "    fi",
-        "}",
-        "tb_pid='' keeper_pid=''",
-        "trap cleanup EXIT",
-        'srun --overlap --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none bash -c node_keeper &',
-        "keeper_pid=$!",
-        'srun --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none bash -c node_setup',
     ]
+    out += nodelocal.launch_lines(stack)
     out += _monitoring(stack, rt)
     if torchrun_mode(stack):
         out += _torchrun_launch(stack, rt, gpu_bind)
@@ -486,3 +468,12 @@ def render_sbatch(stack: Stack) -> str:
         lines += _smoke(stack, rt)
     lines += _launch(stack, rt, pmi)
     return "\n".join(lines) + "\n"
+
+
+def render_epilog(stack: Stack) -> str | None:
+    """slurm-epilog.sh for `cluster.local_cleanup: epilog`: the node Epilog a site installs."""
+    if nodelocal.mode(stack) != "epilog":
+        return None
+    first, rest = nodelocal.epilog_text(nodelocal.local_root(stack)).split("\n", 1)
+    head = header("#", f"Node Epilog for the jobs of {stack.spec.name}", stack.spec.sha256(), [])
+    return "\n".join([first, *head, rest])

@@ -5,7 +5,7 @@ parallel file system (metadata storms, F8 in shared/research/slurm.md).
 `cluster.stage: /scratch/me/dataset` -> the job's node set-up step (one task per node) copies it
 to `$JOB_LOCAL/data/<name>` (under `cluster.local_scratch`, `$SLURM_TMPDIR`, `$TMPDIR` or /tmp),
 and the ranks find the copy in `$ENVBUILDER_DATA`. The copy is made under a temporary name and
-renamed when complete; the folder goes when the job ends.
+renamed when complete; the folder goes when the job ends (slurm/nodelocal.py says who removes it).
 """
 
 from __future__ import annotations

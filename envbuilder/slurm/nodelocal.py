@@ -1,0 +1,207 @@
+"""The job's node-local folder (`$JOB_LOCAL` = `<local root>/envbuilder.<job id>`: the throw-away
+HOME, staged data) and who removes it when the job ends, strongest first (`cluster.local_cleanup`,
+a site profile's key):
+
+    slurm    the local root is a per-job folder that Slurm or the site removes at job end
+             (job_container/tmpfs: the job's private /tmp under BasePath; a per-job $TMPDIR the
+             site's epilog removes): job.sbatch stages into it and removes nothing itself
+    epilog   the site runs slurm-epilog.sh (written beside job.sbatch) as its node Epilog: slurmd
+             runs it as root on every node of the job at its end, also after scancel, a time
+             limit or a lost batch script; job.sbatch removes nothing itself
+    job      (default, no admin needed) job.sbatch removes the folders itself: one step per node
+             creates the folder (after its trap is set), stages, reports ready and then waits;
+             it removes the folder when told (the normal end) or when Slurm signals the job
+             (scancel, time limit: TERM, then KILL after KillWait). The batch script's own traps
+             cover the batch node before that step is up. What a KILL still leaves (a step killed
+             before its trap ran, a node lost) is removed by the next envbuilder job of the same
+             user on that node, once Slurm says the old job is over: a leak lasts one job at most.
+
+Every folder carries a marker (`.envbuilder-job`, the job id). The removals take only a real
+folder (never a link) with the marker, owned by the job's user, and do not cross into another file
+system; no name is globbed or evaluated but the sweep's own `envbuilder.*` listing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..quoting import shell_word
+from ..resolve import Stack
+
+MARKER = ".envbuilder-job"
+EPILOG = "slurm-epilog.sh"
+READY = "envbuilder-node"          # what each node's step prints when its set-up is done
+# the states after which a job's folder is stale (squeue -t all)
+ENDED = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+         "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT")
+
+
+def mode(stack: Stack) -> str:
+    return stack.spec.cluster.local_cleanup or "job"
+
+
+def batch_lines(stack: Stack, runtime_cleanup: list[str]) -> list[str]:
+    """After JOB_LOCAL is set: the folder's make/remove functions and the batch script's traps,
+    set before anything is made on this node."""
+    m = mode(stack)
+    out = [
+        "# The folder is this user's own (mode 700; a name someone else made first, or a link, stops",
+        "# the job) and carries a marker naming the job: only marked folders are ever removed",
+        "own_folder() {   # a real folder (not a link) of this user",
+        '    [ -d "$1" ] && [ ! -L "$1" ] && [ -O "$1" ]',
+        "}",
+        "make_job_local() {",
+        '    mkdir -p "${JOB_LOCAL%/*}"',
+        '    if ! mkdir -m 700 "$JOB_LOCAL" 2>/dev/null && ! own_folder "$JOB_LOCAL"; then',
+        '        die "cannot make the node-local folder $(hostname):$JOB_LOCAL (a link, or not yours?)"',
+        "    fi",
+        f'    printf \'%s\\n\' "${{SLURM_JOB_ID:-$$}}" > "$JOB_LOCAL/{MARKER}"',
+        '    mkdir -p "$HOME"',
+        "}",
+    ]
+    if m == "job":
+        out += [
+            "remove_job_local() {",
+            f'    if own_folder "$JOB_LOCAL" && [ -f "$JOB_LOCAL/{MARKER}" ]; then',
+            '        rm -rf --one-file-system -- "$JOB_LOCAL" 2>/dev/null || true',
+            "    fi",
+            "}",
+        ]
+    if m == "slurm":
+        out.append("# cluster.local_cleanup: slurm: Slurm (or the site) removes the local root with the job")
+    elif m == "epilog":
+        out.append(f"# cluster.local_cleanup: epilog: the site's node Epilog ({EPILOG}) removes the folders")
+    out += [
+        "# Whatever ends the script (the end, an error, scancel, the time limit: Slurm sends TERM,",
+        "# then KILL after KillWait), cleanup runs" + (": it tells the node steps to remove their" if m == "job"
+                                                       else ""),
+        *(["# folders, waits for them, then removes this node's folder if no step did"] if m == "job" else []),
+        "tb_pid=''" + (" keeper_pid=''" if m == "job" else ""),
+        "cleanup() {",
+        '    if [ -n "$tb_pid" ]; then kill "$tb_pid" 2>/dev/null || true; fi',
+        *runtime_cleanup,
+    ]
+    if m == "job":
+        out += [
+            "    # USR1, not TERM: srun turns a TERM into an outright kill of its tasks",
+            '    if [ -n "$keeper_pid" ] && kill -USR1 "$keeper_pid" 2>/dev/null; then',
+            '        wait "$keeper_pid" 2>/dev/null || true',
+            "    fi",
+            "    remove_job_local",
+        ]
+    out += [
+        "}",
+        "trap cleanup EXIT",
+        "trap 'exit 143' TERM",
+        "trap 'exit 130' INT",
+        "trap 'exit 129' HUP",
+        "export -f own_folder make_job_local" + (" remove_job_local" if m == "job" else ""),
+    ]
+    return out
+
+
+def function_lines(stack: Stack) -> list[str]:
+    """node_step: what the one task per node runs (after node_setup is defined)."""
+    if mode(stack) != "job":
+        return [
+            "",
+            "# One task per node: the node-local folder, then node_setup",
+            "node_step() {",
+            "    make_job_local",
+            "    node_setup",
+            "}",
+            "export -f node_step",
+        ]
+    ended = "|".join(ENDED)
+    return [
+        "",
+        "# Folders left on this node by this user's earlier envbuilder jobs whose own cleanup never",
+        "# ran (a step killed outright, a node lost): removed once Slurm says that job is over",
+        "sweep_stale() {",
+        "    local d id state",
+        '    for d in "${JOB_LOCAL%/*}"/envbuilder.*; do',
+        f'        if ! own_folder "$d" || [ ! -f "$d/{MARKER}" ]; then continue; fi',
+        "        id=${d##*/envbuilder.}",
+        '        case $id in ""|*[!0-9]*) continue ;; esac',
+        '        [ "$id" != "${SLURM_JOB_ID:-}" ] || continue',
+        '        if state=$(squeue -h -t all -j "$id" -o %T 2>&1); then',
+        f"            case $state in {ended}) ;; *) continue ;; esac",
+        "        else",
+        '            case $state in *"Invalid job id"*) ;; *) continue ;; esac   # purged: long over',
+        "        fi",
+        '        note "removing $(hostname):$d, left by job $id (${state:-ended})"',
+        '        rm -rf --one-file-system -- "$d" 2>/dev/null || true',
+        "    done",
+        "}",
+        "# One task per node for the job's length: its trap is set before the folder is made, so",
+        "# whenever the step ends (told with USR1 at the end; TERM: scancel, time limit) the folder",
+        "# goes with it. It reports the set-up's result on stdout, then waits",
+        "node_step() {",
+        "    trap 'remove_job_local; exit 0' USR1 TERM INT HUP",
+        "    local rc=0",
+        "    (make_job_local) || rc=$?",
+        '    if [ "$rc" = 0 ]; then',
+        "        sweep_stale || true",
+        "        (node_setup) || rc=$?",
+        "    fi",
+        f'    echo "{READY} $rc $(hostname)"',
+        "    while :; do sleep 1 & wait $! || true; done",
+        "}",
+        "export -f sweep_stale node_step",
+    ]
+
+
+def launch_lines(stack: Stack) -> list[str]:
+    """The node step in the batch script."""
+    tasks = '--ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none'
+    if mode(stack) != "job":
+        return ["", "# Node set-up step (one task per node)", f"srun {tasks} bash -c node_step"]
+    return [
+        "",
+        "# Node set-up step: one task per node that stays for the job's length (it removes the",
+        "# node-local folder at the end); the script goes on when every node reported its set-up",
+        'node_fifo="$JOB_LOCAL/.node-steps"',
+        'make_job_local',
+        'rm -f "$node_fifo"',
+        'mkfifo "$node_fifo"',
+        f'srun --overlap --kill-on-bad-exit=0 {tasks} bash -c node_step > "$node_fifo" &',
+        "keeper_pid=$!",
+        'exec {node_fd}<"$node_fifo"',
+        'rm -f "$node_fifo"',
+        "nodes_ready=0 node_rc=0",
+        'while [ "$nodes_ready" -lt "${SLURM_JOB_NUM_NODES:-1}" ] && IFS= read -r line <&"$node_fd"; do',
+        "    case $line in",
+        f'        "{READY} "*) nodes_ready=$((nodes_ready + 1)); line=${{line#{READY} }}',
+        '            if [ "${line%% *}" != 0 ]; then node_rc=${line%% *}; fi ;;',
+        "        *) printf '%s\\n' \"$line\" ;;",
+        "    esac",
+        "done",
+        'if [ "$node_rc" != 0 ]; then exit "$node_rc"; fi',
+        'if [ "$nodes_ready" -lt "${SLURM_JOB_NUM_NODES:-1}" ]; then',
+        '    rc=0; wait "$keeper_pid" || rc=$?',
+        "    keeper_pid=''",
+        '    die "the node set-up step ended before every node was ready (srun exit $rc)"',
+        "fi",
+    ]
+
+
+def local_root(stack: Stack) -> str | None:
+    """The local root as a literal path when the site gives one (an Epilog has no job variables)."""
+    root = stack.spec.cluster.local_scratch
+    if root and root.startswith("/") and "$" not in root and "`" not in root:
+        return root.rstrip("/") or "/"
+    return None
+
+
+EPILOG_TEMPLATE = Path(__file__).resolve().parent.parent / "data" / "node-epilog.sh"
+ROOTS_LINE = "ROOTS=(/tmp)\n"        # the template's line that names the local roots
+
+
+def epilog_text(root: str | None) -> str:
+    """The template with the site's local root (tools/minicluster installs it the same way)."""
+    text = EPILOG_TEMPLATE.read_text()
+    assert text.count(ROOTS_LINE) == 1
+    if root:
+        return text.replace(ROOTS_LINE, f"ROOTS=({shell_word(root, 'cluster.local_scratch')})\n")
+    return text.replace(ROOTS_LINE, "# local_scratch is not a literal path in the site profile: name the\n"
+                        "# folder(s) your users' jobs use\n" + ROOTS_LINE)

@@ -2,9 +2,9 @@
 so an unchanged script that builds tf.distribute.MultiWorkerMirroredStrategy() with its default
 resolver (which reads TF_CONFIG, as TensorFlow's tutorials do) finds the whole job.
 
-TensorFlow's format (tensorflow.org/guide/distributed_training, "Setting up the TF_CONFIG
-environment variable"; tensorflow.org/tutorials/distribute/multi_worker_with_keras, "Multi-worker
-configuration"): a JSON object with "cluster" (here one job, "worker": ["host:port", ...], one
+TensorFlow's format (catalog source tf_config_docs: tensorflow.org/tutorials/distribute/
+multi_worker_with_keras, "Multi-worker configuration", and the TFConfigClusterResolver API page,
+tensorflow.org/api_docs/python/tf/distribute/cluster_resolver/TFConfigClusterResolver): a JSON object with "cluster" (here one job, "worker": ["host:port", ...], one
 entry per worker) and "task" ({"type": "worker", "index": i}: this process's entry in that list).
 All workers get the same cluster; only the index differs.
 
@@ -42,8 +42,8 @@ def function_lines(stack: Stack) -> list[str]:
     return [
         "",
         "# TensorFlow multi-worker (distributed: tf-multiworker): TF_CONFIG for every task, from the",
-        "# step's nodes and tasks per node (TensorFlow's format: tensorflow.org/guide/distributed_training,",
-        '# "Setting up the TF_CONFIG environment variable"). Pure bash: the image has no scontrol.',
+        "# step's nodes and tasks per node (TensorFlow's format: tensorflow.org/tutorials/distribute/",
+        '# multi_worker_with_keras, "Multi-worker configuration"). Pure bash: the image has no scontrol.',
         "# tf_hosts LIST: Slurm's hostlist notation (n[01-03,7],gpu5) -> the array tf_nodes, in order",
         "tf_hosts() {",
         "    local list=$1 cur='' ch depth=0 i item",

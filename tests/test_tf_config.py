@@ -78,10 +78,9 @@ def test_slurm_hostlists_expand_as_scontrol_does(functions, nodelist, expanded):
     ("a1,b[3-4]", "1(x3)", 0, "a1", 0),
 ])
 def test_every_task_gets_the_same_cluster_and_its_own_index(functions, nodelist, per_node, rank, node, local):
-    counts = []
-    for part in per_node.split(","):
-        n, _, times = part.partition("(x")
-        counts += [int(n)] * int(times.rstrip(")") or 1)
+    from envbuilder.smoke.gloo_step import parse_tasks_per_node
+
+    counts = parse_tasks_per_node(per_node)           # the suite's Python reading of the notation
     names = hosts(functions, nodelist)
     want = [f"{h}:{21234 + i}" for h, c in zip(names, counts) for i in range(c)]
     seen = []

@@ -138,6 +138,9 @@ SPEC_FIELDS: dict[str, Field] = {
         "launcher": s("torch: srun (one task per GPU, RANK/LOCAL_RANK/WORLD_SIZE set in the step) "
                       "or torchrun (one task per node, c10d rendezvous on the first node).",
                       enum=TORCH_LAUNCHERS),
+        "tf_config": s("tf-multiworker: job.sbatch sets TF_CONFIG in every task from Slurm's node list; "
+                       "keep (default) leaves a TF_CONFIG the job was given as it is, replace sets it anyway.",
+                       enum=("keep", "replace")),
     }, example={"kind": "torch", "backend": "nccl", "launcher": "srun"}),
     "arch": s("CPU architecture of the image (default x86_64; a site profile's arch must agree).",
               enum=ARCHES),

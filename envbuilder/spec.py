@@ -72,6 +72,7 @@ class Distributed:
     kind: str = "none"
     backend: str | None = None      # torch: nccl | gloo | mpi
     launcher: str | None = None     # torch: srun | torchrun
+    tf_config: str | None = None    # tf-multiworker: keep (default) | replace a TF_CONFIG given to the job
 
     @property
     def torch(self) -> bool:
@@ -291,7 +292,7 @@ def _distributed(dist: dict, has_horovod: bool) -> Distributed:
     kind = dist.get("kind") or ("horovod" if has_horovod else "none")
     # backend/launcher are torch's options; given with another kind they are refused (DIST_OPTION)
     launcher = dist.get("launcher") or ("srun" if kind == "torch" else None)
-    return Distributed(kind, dist.get("backend"), launcher)
+    return Distributed(kind, dist.get("backend"), launcher, dist.get("tf_config"))
 
 
 def cluster_from_data(cl: dict | None) -> Cluster:

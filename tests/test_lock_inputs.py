@@ -463,6 +463,7 @@ def test_every_variable_a_job_script_sets_or_reads_is_refused_as_a_sweep_name(tm
                                             "modules": ["x"], "venv": "/v"}))
     variants.append(("gpu-torch-ddp.yaml", {}))
     variants.append(("cpu-torch-ddp.yaml", {}))
+    variants.append(("cpu-tf-multiworker.yaml", {}))          # TF_CONFIG per task
     for n, (recipe, cluster) in enumerate(variants):
         data = yaml.safe_load((RECIPES / recipe).read_text())
         data.setdefault("cluster", {}).update(cluster)

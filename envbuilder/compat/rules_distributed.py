@@ -23,12 +23,11 @@ def distributed_kind(spec: Spec, ctx: Context):
                       "the smoke suite would not use it",
                       f"remove the horovod section (kind {d.kind}), or set distributed: {{kind: horovod}}",
                       [])
-    if d.kind != "torch":
-        for opt in ("backend", "launcher"):
-            if getattr(d, opt):
-                yield Finding("DIST_OPTION", ERROR, f"distributed.{opt}",
-                              f"{opt} is an option of kind torch, not of {d.kind}",
-                              f"remove distributed.{opt}, or use kind: torch", [])
+    for opt, owner in (("backend", "torch"), ("launcher", "torch"), ("tf_config", "tf-multiworker")):
+        if getattr(d, opt) and d.kind != owner:
+            yield Finding("DIST_OPTION", ERROR, f"distributed.{opt}",
+                          f"{opt} is an option of kind {owner}, not of {d.kind}",
+                          f"remove distributed.{opt}, or use kind: {owner}", [])
     if d.kind == "torch" and fw.family != "pytorch":
         yield Finding("DIST_FRAMEWORK", ERROR, "distributed.kind",
                       f"torch.distributed needs PyTorch; the framework is {fw.name}",

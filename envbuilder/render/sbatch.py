@@ -22,7 +22,7 @@ from ..components.framework import runtime_env as framework_env
 from ..paths import MANIFEST_IN_IMAGE as IMAGE_MANIFEST, SMOKE_DIR
 from ..resolve import Stack
 from ..runtimes import Runtime, runtime as runtime_for
-from ..slurm import nodelocal, preflight, staging, sweeps
+from ..slurm import nodelocal, preflight, staging, sweeps, tfconfig
 from ..quoting import sbatch_value, shell_assign, shell_default, shell_word
 from .common import header
 
@@ -221,6 +221,7 @@ def _environment(stack: Stack, rt: Runtime) -> list[str]:
         'MASTER_ADDR="${MASTER_ADDR:-$(hostname)}"',
         'export MASTER_ADDR MASTER_PORT=$((20000 + ${SLURM_JOB_ID:-0} % 20000))',
     ]
+    out += tfconfig.batch_lines(stack)
     if not rt.container:           # the host runtime: the nodes' own software
         out += _host_env(stack)
     return out
@@ -295,6 +296,7 @@ def _rank_setup(stack: Stack, container: bool) -> list[str]:
         '        export RANK="${SLURM_PROCID:-0}" LOCAL_RANK="${SLURM_LOCALID:-0}" WORLD_SIZE="${SLURM_NTASKS:-1}"',
         '        export LOCAL_WORLD_SIZE="${SLURM_NTASKS_PER_NODE:-${SLURM_TASKS_PER_NODE%%(*}}"',
         "    fi",
+        *tfconfig.rank_lines(stack),
         *preflight.rank_lines(stack),
         '    if [ "$RANK" != 0 ]; then unset CHECKPOINT_DIR TENSORBOARD_DIR; fi',
         '    exec "$@"',
@@ -314,7 +316,8 @@ def _rank_setup(stack: Stack, container: bool) -> list[str]:
         *(["    gpu_preflight"] if stack.spec.cuda else []),
         *staging.node_setup_lines(stack),
         "}",
-        "export -f note die rank_main node_setup" + (" gpu_preflight version_lt" if stack.spec.cuda else ""),
+        "export -f note die rank_main node_setup" + (" gpu_preflight version_lt" if stack.spec.cuda else "")
+        + tfconfig.export_names(stack),
         *nodelocal.function_lines(stack),
     ]
 
@@ -463,6 +466,7 @@ def render_sbatch(stack: Stack) -> str:
     lines += _binds(stack, rt)
     lines += staging.function_lines(stack)
     lines += preflight.function_lines(stack)
+    lines += tfconfig.function_lines(stack)
     lines += _rank_setup(stack, rt.container)
     if not spec.cluster.command:
         lines += _smoke(stack, rt)

@@ -40,7 +40,7 @@ RESERVED = BASH_OWN | frozenset("""
     ROLE_RANK ROLE_NAME ROLE_WORLD_SIZE GROUP_WORLD_SIZE RANKS_PER_NODE TB_PORT OMP_NUM_THREADS
     PYTHONPATH PYTHONHOME PYTHONNOUSERSITE CUDA_VISIBLE_DEVICES NETRC
 """.split())
-RESERVED_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "ENVBUILDER_", "BASH", "LC_", "LD_",
+RESERVED_PREFIXES = ("SLURM_", "SLURMD_", "SBATCH_", "SRUN_", "SALLOC_", "ENVBUILDER_", "BASH", "LC_", "LD_",
                      "PYTHON", "PMIX_", "PMI_", "OMPI_", "NCCL_", "GLOO_", "HOROVOD_", "CUDA_",
                      "TORCH", "KMP_", "TF_", "APPTAINER", "SINGULARITY", "MPI_", "UCX_", "FI_",
                      "COMP_", "READLINE_", "I_MPI_", "HYDRA_", "MV2_", "PALS_")
@@ -49,7 +49,7 @@ RESERVED_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "ENVBUILDER_", "BA
 def _owner(upper: str) -> str:
     if upper in BASH_OWN or upper.startswith(("BASH", "COMP_", "READLINE_")):
         return "bash sets or reads it"
-    if upper.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")):
+    if upper.startswith(("SLURM_", "SLURMD_", "SBATCH_", "SRUN_", "SALLOC_")):
         return "Slurm sets or reads it"
     if upper.startswith(("LD_", "PYTHON")):
         return "it changes what programs load"

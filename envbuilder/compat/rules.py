@@ -313,6 +313,42 @@ def mpi_rules(spec: Spec, ctx: Context):
                       f"for a production image use a release ({', '.join(releases[-3:])})", tar["sources"])
 
 
+@rule
+def site_mpi_rules(spec: Spec, ctx: Context):
+    """cluster.site_mpi (a site profile's MPI swapped in at run time): the image's MPI code must
+    have been built against the ABI the site's library offers (source mpich_abi)."""
+    cl = spec.cluster
+    if not cl.site_mpi and not cl.site_mpi_abi:
+        return
+    have = spec.mpi.flavor if spec.mpi else ((ctx.ngc or {}).get("mpi") or {}).get("flavor")
+    image_abi = {"openmpi": "openmpi", "mpich": "mpich"}.get(have or "")
+    site_abi = cl.site_mpi_abi
+    if not cl.site_mpi:
+        yield Finding("SITE_MPI_ABI", ERROR, "cluster.site_mpi_abi",
+                      "the site names an MPI ABI but no site MPI library folder",
+                      "add cluster.site_mpi: [<the folder with libmpi.so.12>, ...] or remove site_mpi_abi", [])
+    elif site_abi is None:
+        yield Finding("SITE_MPI_ABI", ERROR, "cluster.site_mpi_abi",
+                      "the site's MPI is named without its ABI, so nothing can say the image can take it",
+                      "add site_mpi_abi: mpich (libmpi.so.12: MPICH, Intel MPI, Cray MPICH) or standard", [])
+    elif image_abi is None:
+        yield Finding("SITE_MPI_ABI", ERROR, "cluster.site_mpi",
+                      "the site injects its MPI, but the image has no MPI whose library it could replace",
+                      "add mpi: {flavor: mpich, version: \"5.0.2\", pmi: pmi2, source: pypi} to the spec", ["mpich_abi"])
+    elif site_abi == "mpich" and image_abi != "mpich":
+        yield Finding("SITE_MPI_ABI", ERROR, "cluster.site_mpi_abi",
+                      f"the image's MPI is {have} (its own ABI, libmpi.so.40): code built against it cannot "
+                      "run with the site's MPICH-ABI library (libmpi.so.12)",
+                      "build the image with mpi: {flavor: mpich, pmi: pmi2} (e.g. version \"5.0.2\", source: "
+                      "pypi), or drop site_mpi and run the image's own MPI", ["mpich_abi"])
+    elif site_abi == "standard":
+        yield Finding("SITE_MPI_ABI", ERROR, "cluster.site_mpi_abi",
+                      "an image built against the MPI-5 standard ABI (libmpi_abi.so.1, mpicc_abi) is not made "
+                      f"yet; the image's {have} code links libmpi.so.{'12' if image_abi == 'mpich' else '40'}",
+                      "name the site's MPICH-ABI library (site_mpi_abi: mpich) where it has one "
+                      "(Intel MPI and MPICH 5 ship both)", ["mpich_abi"])
+
+
 def _mpi_pypi(mpi, wheel: dict | None):
     """mpi: {source: pypi}: a version the catalog lists for the wheel, and the srun plugin its PMI
     client was seen to work with (catalog mpi.<flavor>.pypi, sources there)."""

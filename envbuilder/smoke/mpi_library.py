@@ -19,7 +19,7 @@ import socket
 import time
 
 from .common import FAIL, PASS, result, write_json_atomic
-from .static import loaded_libraries, parse_mpi_text
+from .static import library_version_text, loaded_libraries, parse_mpi_text
 
 SITE_ENV = "ENVBUILDER_SITE_MPI_DIR"      # job.sbatch: the site MPI's library folder in the container
 SONAMES = ("libmpi.so.12", "libmpi.so.40", "libmpi_abi.so.1", "libmpi.so")
@@ -43,17 +43,9 @@ def _via_ctypes(expect_mpi):
         names.append(os.path.basename(lib))
     names += [n for n in SONAMES if n not in names]
     for name in names:
-        try:
-            fn = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL).MPI_Get_library_version
-        except (OSError, AttributeError):
-            continue
-        buf = ctypes.create_string_buffer(8192)
-        length = ctypes.c_int(0)
-        try:
-            fn(buf, ctypes.byref(length))
-        except Exception:  # noqa: BLE001 - a foreign library
-            continue
-        return buf.value.decode("utf-8", "replace"), "ctypes " + name
+        text = library_version_text(name, mode=ctypes.RTLD_GLOBAL)
+        if text is not None:
+            return text, "ctypes " + name
     return None, None
 
 

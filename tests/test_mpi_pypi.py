@@ -96,6 +96,9 @@ def test_check_site_refuses_an_open_mpi_image_on_an_mpich_abi_site(tmp_path):
     assert "SITE_MPI_ABI" in r.err and "cannot run with the site's MPICH-ABI library" in r.err
     ok = run_envbuilder("check", str(spec_file(tmp_path, "m", MPICH)), "--site", str(site))
     assert ok.code == 0, ok.err
+    # sites/local.yaml says pmi: pmix, which would override the wheel's pmi2 in job.sbatch
+    r = run_envbuilder("check", str(spec_file(tmp_path, "m", MPICH)), "--site", "local")
+    assert r.code == 2 and "MPI_PYPI_PMI" in r.err and "srun --mpi=pmix" in r.err, r.err
 
 
 def test_mpich_wheel_under_pmix_is_refused_with_what_srun_printed(tmp_path):
@@ -165,7 +168,8 @@ def mpich_image(tmp_path_factory):
 
 
 def job_folder(spec: Path, out: Path, *args: str) -> Path:
-    r = run_envbuilder("build", str(spec), "--site", "local", "--no-build", "--out", str(out), *args)
+    site = site_file(out.parent, "")          # the one-node Slurm, launched with pmi2
+    r = run_envbuilder("build", str(spec), "--site", str(site), "--no-build", "--out", str(out), *args)
     assert r.code == 0, r.err
     return out
 

@@ -268,7 +268,7 @@ def mpi_rules(spec: Spec, ctx: Context):
     cat = ctx.catalog
     info = cat.mpi(mpi.flavor)
     if mpi.source == "pypi" and not ctx.ngc:
-        yield from _mpi_pypi(mpi, cat.mpi_pypi(mpi.flavor))
+        yield from _mpi_pypi(mpi, cat.mpi_pypi(mpi.flavor), spec.cluster.pmi)
         return
     allowed = info["pmi"].get(str(major(mpi.version)))
     if mpi.flavor == "mpich" and allowed is not None and mpi.pmi not in allowed:
@@ -349,7 +349,7 @@ def site_mpi_rules(spec: Spec, ctx: Context):
                       "(Intel MPI and MPICH 5 ship both)", ["mpich_abi"])
 
 
-def _mpi_pypi(mpi, wheel: dict | None):
+def _mpi_pypi(mpi, wheel: dict | None, cluster_pmi: str | None):
     """mpi: {source: pypi}: a version the catalog lists for the wheel, and the srun plugin its PMI
     client was seen to work with (catalog mpi.<flavor>.pypi, sources there)."""
     if wheel is None:
@@ -372,6 +372,13 @@ def _mpi_pypi(mpi, wheel: dict | None):
                    f"under srun --mpi={mpi.pmi} every rank starts as a singleton")
         yield Finding("MPI_PYPI_PMI", ERROR, "mpi.pmi", why,
                       f"use pmi: {wheel['pmi'][0]} (srun --mpi={wheel['pmi'][0]})", wheel["sources"])
+    elif cluster_pmi and cluster_pmi.split("_v")[0] not in wheel["pmi"]:
+        # the site profile's (or cluster section's) srun plugin overrides mpi.pmi in job.sbatch
+        yield Finding("MPI_PYPI_PMI", ERROR, "cluster.pmi",
+                      f"job.sbatch would launch with srun --mpi={cluster_pmi}, which the {wheel['package']} "
+                      f"wheel's PMI client does not speak (it works with {', '.join(wheel['pmi'])})",
+                      f"set pmi: {wheel['pmi'][0]} in the site profile (or cluster.pmi), or leave it unset",
+                      wheel["sources"])
 
 
 # --- base image and Python ----------------------------------------------------------------------

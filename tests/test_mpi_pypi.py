@@ -155,6 +155,12 @@ def mpich_image(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mpich")
     spec = spec_file(tmp, "mpi-mpich-pypi", MPICH)
     out = tmp / "img"
+    probe = run_envbuilder("build", str(spec), "--no-build", "--out", str(out))
+    assert probe.code == 0, probe.err
+    tag = json.loads((out / "manifest.json").read_text())["image"]["tag"]
+    from infra import docker_cli
+
+    existed = subprocess.run([docker_cli(), "image", "inspect", tag], capture_output=True).returncode == 0
     t0 = time.time()
     r = run_envbuilder("build", str(spec), "--out", str(out), "--ca-bundle", CA_BUNDLE,
                        "--wheelhouse", wheelhouse(), timeout=2400)
@@ -162,9 +168,13 @@ def mpich_image(tmp_path_factory):
     tag = json.loads((out / "manifest.json").read_text())["image"]["tag"]
     from envbuilder.verify.runner import charliecloud_dir
 
-    directory, _ = charliecloud_dir(tag)
+    directory, owned = charliecloud_dir(tag)
     print(f"MPICH (PyPI) image {tag}: build + ch-convert {time.time() - t0:.0f} s")
     yield spec, directory, tmp
+    if not existed:                  # leave the engine as it was
+        subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
+        if owned:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def job_folder(spec: Path, out: Path, *args: str) -> Path:

@@ -118,7 +118,7 @@ def test_job_sbatch_binds_the_site_mpi_checks_every_node_and_puts_it_first(tmp_p
     assert 'add_bind "$p" cluster.site_mpi' in text          # charliecloud: -b through binds[]
     assert "site MPI path '$p' (cluster.site_mpi) does not exist on node $(hostname)" in text
     assert 'export LD_LIBRARY_PATH="$ENVBUILDER_SITE_MPI_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"' in text
-    assert "export FI_PROVIDER=tcp" in text
+    assert "export FI_PROVIDER=tcp" in text and 'export MPI4PY_LIBMPI="$ENVBUILDER_SITE_MPI_DIR"' in text
     proc = subprocess.run(["bash", "-n", str(out / "job.sbatch")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 

@@ -327,7 +327,9 @@ def _rank_setup(stack: Stack, container: bool) -> list[str]:
         "    fi",
         *preflight.rank_lines(stack),
         *(['    # the site\'s MPI before the image\'s own (cluster.site_mpi)',
-           '    export LD_LIBRARY_PATH="$ENVBUILDER_SITE_MPI_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"']
+           '    export LD_LIBRARY_PATH="$ENVBUILDER_SITE_MPI_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"',
+           "    # mpi4py >= 4 dlopens the venv's own lib/libmpi by full path before the loader's search",
+           '    export MPI4PY_LIBMPI="$ENVBUILDER_SITE_MPI_DIR"']
           if stack.spec.cluster.site_mpi else []),
         '    if [ "$RANK" != 0 ]; then unset CHECKPOINT_DIR TENSORBOARD_DIR; fi',
         '    exec "$@"',

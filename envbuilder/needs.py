@@ -26,7 +26,7 @@ def bootstrap_prefer(stack) -> dict[str, str]:
 def pip_groups(stack) -> dict[str, list[str]]:
     """Each component's pip groups, in layer order (what changes least first)."""
     groups = {}
-    for part in (python, framework, cuda, horovod, packages):
+    for part in (python, framework, mpi, cuda, horovod, packages):
         groups.update(part.pip_groups(stack))
     return groups
 

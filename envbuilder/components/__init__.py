@@ -16,6 +16,7 @@ def assemble(stack: Stack) -> Plan:
     devel.items += python.devel_steps(stack)
     devel.items += cuda.wheel_steps(stack)
     devel.items += framework.devel_steps(stack)
+    devel.items += mpi.wheel_steps(stack)
     devel.items += cuda.toolkit_steps(stack)
     devel.items += horovod.devel_steps(stack)
     devel.items += cuda.slim_steps(stack)

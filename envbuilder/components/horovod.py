@@ -147,6 +147,12 @@ def devel_steps(stack: Stack) -> list[Step]:
 
         cmds[:0] = [f'export PATH="{mpi.prefix(stack)}/bin:$PATH"']
         notes.append(f"MPI: {stack.spec.mpi.flavor} {stack.spec.mpi.version} from {mpi.prefix(stack)} (mpicc on PATH)")
+    elif "mpi" in hv.operations and stack.mpi_source == "pypi":
+        # the wheel's mpicc is in the venv's bin/, which the devel stage's PATH does not hold
+        from ..paths import VENV
+
+        cmds[:0] = [f'export PATH="{VENV}/bin:$PATH"']
+        notes.append(f"MPI: {stack.spec.mpi.flavor} {stack.spec.mpi.version} from PyPI ({VENV}/bin/mpicc on PATH)")
     if "nccl" in hv.operations:
         # Horovod's setup.py runs `make -j8` unless MAKEFLAGS is set (setup.py of horovod 0.28.1,
         # build_extensions): eight compilers at about 1 GB each (cc1plus: 0.9 GB seen here) on any builder.

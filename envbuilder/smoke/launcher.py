@@ -27,6 +27,8 @@ from .gloo_step import GlooStepError, StepRendezvous
 from .launch import (execute_in_step, execute_run, slurm_step, step_workdir, stop_file,
                      wait_for_done)
 from .merge import launch_check, merge_run, operations_check
+from .mpi_library import SITE_ENV as SITE_MPI_ENV
+from .mpi_library import collect as collect_mpi, merge as merge_mpi, write_record as write_mpi_record
 from .plan import log, plan_runs
 from .report import finish, no_runs_result
 from .watch import ACTIVE, install_signal_handlers, read_ranks, stop_run
@@ -87,6 +89,13 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
     args.launcher = "srun"
     runs = plan_runs(expect, args, in_step=True)
     base = step_workdir(args)
+    if expect.get("mpi"):
+        # every task: which libmpi its process loads (mpi_library.py); rank 0 merges them
+        mwd = os.path.join(base, "mpi-library")
+        write_mpi_record(mwd, rank, expect["mpi"])
+        if rank == 0:
+            records = collect_mpi(mwd, size, wait_s=args.timeout)
+            checks.append(merge_mpi(records, size, expect["mpi"], os.environ.get(SITE_MPI_ENV) or None))
     run_records = []
     if not runs:
         checks.append(no_runs_result(expect))

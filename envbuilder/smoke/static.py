@@ -97,22 +97,29 @@ def nccl_version_of(path):
     return nccl_version_from_code(code.value)
 
 
+def library_version_text(name, mode=ctypes.DEFAULT_MODE):
+    """MPI_Get_library_version of the library NAME (a path or a soname the loader finds), or
+    None; callable before MPI_Init."""
+    try:
+        fn = ctypes.CDLL(name, mode=mode).MPI_Get_library_version
+    except (OSError, AttributeError):
+        return None
+    buf = ctypes.create_string_buffer(8192)
+    length = ctypes.c_int(0)
+    try:
+        fn(buf, ctypes.byref(length))
+    except Exception:  # noqa: BLE001 - a foreign library
+        return None
+    return buf.value.decode("utf-8", "replace").strip()
+
+
 def mpi_library_version():
     """(flavor, version, raw text, path) from MPI_Get_library_version of the libmpi in use."""
     paths = loaded_libraries(r"^libmpi(ch)?\.so") or loaded_libraries(r"^libmpi")
     for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-            fn = lib.MPI_Get_library_version
-        except (OSError, AttributeError):
+        text = library_version_text(path)
+        if text is None:
             continue
-        buf = ctypes.create_string_buffer(8192)
-        length = ctypes.c_int(0)
-        try:
-            fn(buf, ctypes.byref(length))
-        except Exception:  # noqa: BLE001
-            continue
-        text = buf.value.decode("utf-8", "replace").strip()
         flavor, version = parse_mpi_text(text)
         return flavor, version, text, path
     return None, None, "", None

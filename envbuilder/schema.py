@@ -102,7 +102,7 @@ SPEC_FIELDS: dict[str, Field] = {
                        "No credentials: they would be stored in the image's history; give them with "
                        "`envbuilder build --netrc FILE`.",
                        pattern=URL_RE, pattern_hint="an http(s):// URL without blanks, quotes or shell characters",
-                       example="https://download.pytorch.org/whl/cu121"),
+                       example="https://pypi.example.org/simple"),
     }, required=True, example={"name": "tensorflow", "version": "2.12.1"}),
     "python": v("Python major.minor inside the image; must be the base OS's Python.", required=True,
                 example="3.10"),
@@ -152,7 +152,7 @@ SPEC_FIELDS: dict[str, Field] = {
               pattern=IMAGE_REF_RE, pattern_hint="an image reference: registry/name:tag or name@sha256:DIGEST"),
     "runtime_base": s("Image the slim runtime stage starts from; default derived from `base`.",
                       pattern=IMAGE_REF_RE, pattern_hint="an image reference: registry/name:tag or name@sha256:DIGEST",
-                      example="nvidia/cuda:12.1.1-cudnn8-runtime-ubuntu22.04"),
+                      example="ubuntu:22.04"),
     "base_os": s("OS of a base image envbuilder does not know (e.g. debian-bookworm, ubuntu22.04).",
                  pattern=OS_RE, pattern_hint="lower-case letters, digits, '.' and '-'", example="ubuntu22.04"),
     "targets": Field("list", "Recipes to write (sif: also <name>.sif from the built Docker image, as "

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import EXIT_BAD_INPUT, EnvbuilderError
+from .helpdocs import epilog
 
 COMMANDS = {}
 
@@ -215,11 +216,12 @@ ARGS = {"check": _check_args, "build": _build_args, "lock": lock_args, "diff": d
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="envbuilder",
-        description="One YAML spec -> a validated deep-learning container for HPC and its Slurm job.")
+        description="One YAML spec -> a validated deep-learning container for HPC and its Slurm job.",
+        epilog=epilog())
     parser.add_argument("--version", action="version", version=f"envbuilder {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (fn, help_) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_)
+        p = sub.add_parser(name, help=help_, description=help_, epilog=epilog(name))
         ARGS[name](p)
         p.set_defaults(func=fn)
     return parser

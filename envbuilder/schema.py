@@ -101,7 +101,8 @@ SPEC_FIELDS: dict[str, Field] = {
         "index_url": s("Extra pip index for the framework wheels (e.g. https://download.pytorch.org/whl/cu118). "
                        "No credentials: they would be stored in the image's history; give them with "
                        "`envbuilder build --netrc FILE`.",
-                       pattern=URL_RE, pattern_hint="an http(s):// URL without blanks, quotes or shell characters"),
+                       pattern=URL_RE, pattern_hint="an http(s):// URL without blanks, quotes or shell characters",
+                       example="https://pypi.example.org/simple"),
     }, required=True, example={"name": "tensorflow", "version": "2.12.1"}),
     "python": v("Python major.minor inside the image; must be the base OS's Python.", required=True,
                 example="3.10"),
@@ -148,20 +149,22 @@ SPEC_FIELDS: dict[str, Field] = {
     "packages": obj("Extra packages.", {
         "pip": strlist("pip requirements, each pinned: name==version.", default=[]),
         "apt": strlist("OS packages (name or name=version).", default=[]),
-        "conda": strlist("conda packages, name=version (resolved by conda-lock).", default=[]),
+        "conda": strlist("conda packages, name=version (resolved by conda-lock).", default=[],
+                         example=["libjpeg-turbo=3.0.0"]),
     }),
     "base": s("Base image (tag or digest); default chosen from CUDA and Python.",
               pattern=IMAGE_REF_RE, pattern_hint="an image reference: registry/name:tag or name@sha256:DIGEST"),
     "runtime_base": s("Image the slim runtime stage starts from; default derived from `base`.",
-                      pattern=IMAGE_REF_RE, pattern_hint="an image reference: registry/name:tag or name@sha256:DIGEST"),
+                      pattern=IMAGE_REF_RE, pattern_hint="an image reference: registry/name:tag or name@sha256:DIGEST",
+                      example="ubuntu:22.04"),
     "base_os": s("OS of a base image envbuilder does not know (e.g. debian-bookworm, ubuntu22.04).",
-                 pattern=OS_RE, pattern_hint="lower-case letters, digits, '.' and '-'"),
+                 pattern=OS_RE, pattern_hint="lower-case letters, digits, '.' and '-'", example="ubuntu22.04"),
     "targets": Field("list", "Recipes to write (sif: also <name>.sif from the built Docker image, as "
                      "`build --sif`).", items=Field("string", "target", enum=("docker", "apptainer", "sif")),
                      default=["docker", "apptainer"]),
     "env": Field("map", "Extra environment variables set in the image (values are text as written: "
                  "no $ expansion). No secrets: anyone who pulls the image reads them.",
-                 items=Field("string", "value"), secret_ok=False),
+                 items=Field("string", "value"), secret_ok=False, example={"OMP_NUM_THREADS": "8"}),
     "cluster": obj("Defaults for the Slurm job script.", {
         "partition": s("Slurm partition (or several, comma-separated).", pattern=SLURM_NAMES_RE,
                        pattern_hint="a Slurm partition name (letters, digits, _ . -; several with ,)"),
@@ -184,15 +187,18 @@ SPEC_FIELDS: dict[str, Field] = {
         "driver": s("The nodes' NVIDIA driver version, e.g. \"580.65.06\" (checked against the CUDA "
                     "the image needs).", pattern=DRIVER_RE, pattern_hint="a driver version like 580.65.06"),
         "runtime": s("How the job runs the image.", enum=RUNTIMES, default="apptainer"),
-        "image_path": s("Path of the .sif on the cluster (default: <name>.sif beside the job script)."),
+        "image_path": s("Path of the .sif on the cluster (default: <name>.sif beside the job script).",
+                          example="/projects/proj123/images/tf-horovod-gpu.sif"),
         "command": s("What each rank runs (default: the smoke suite). Raw shell by design: it is "
                      "written into job.sbatch as is (srun ... COMMAND), its $VARIABLES expand and "
-                     "anything it says runs; write it as you would type it in the job script."),
+                     "anything it says runs; write it as you would type it in the job script.",
+                     example="python train.py --epochs 10"),
         "pmi": s("srun --mpi= plugin (default: the spec's mpi.pmi; none without MPI).",
                  pattern=PMI_RE, pattern_hint="pmix, pmix_v3, pmix_v4, pmi2, cray_shasta or none"),
-        "venv": s("host runtime: a virtual environment on the nodes whose bin/ goes first on PATH."),
+        "venv": s("host runtime: a virtual environment on the nodes whose bin/ goes first on PATH.",
+                  example="/projects/proj123/venvs/tf"),
         "modules": strlist("host runtime: environment modules loaded before launch (module load ...).",
-                           default=[]),
+                           default=[], example=["openmpi/4.1.5", "cuda/11.8"]),
         "env": Field("map", "Extra environment for every rank (e.g. NCCL_IB_HCA: mlx5). No secrets: "
                      "job.sbatch and the image's manifest record them; export a token in your shell "
                      "before sbatch instead (Slurm passes the environment on).",
@@ -207,7 +213,7 @@ SPEC_FIELDS: dict[str, Field] = {
         "site_mpi_env": Field("map", "Environment the site's MPI needs in every rank (FI_PROVIDER, I_MPI_*...).",
                               items=Field("string", "value"), secret_ok=False),
         "stage": s("Dataset copied once per node to node-local storage before training "
-                   "(ranks find it in $ENVBUILDER_DATA)."),
+                   "(ranks find it in $ENVBUILDER_DATA).", example="/projects/proj123/data/imagenet"),
         "local_scratch": s("Node-local folder for staging and the throw-away HOME "
                            "(default: $SLURM_TMPDIR, $TMPDIR or /tmp)."),
         "local_cleanup": s("Who removes the node-local folder when the job ends (a site profile's "
@@ -219,7 +225,7 @@ SPEC_FIELDS: dict[str, Field] = {
                        "becomes a Slurm job array; each task gets NAME in its environment.",
                        items=Field("string", "NAME=v1,v2,...", pattern=SWEEP_RE,
                                    pattern_hint="NAME=value1,value2 (NAME: letters, digits, _)"),
-                       default=[]),
+                       default=[], example=["LR=0.1,0.01", "BATCH=32,64"]),
         "monitor": Field("list", "Monitoring: tensorboard (started on the first node, prints the "
                          "ssh -L line), timeline (Horovod timeline written by rank 0).",
                          items=Field("string", "what", enum=MONITORS), default=[]),

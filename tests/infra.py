@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Optional
 
 import pytest
 
@@ -43,7 +42,7 @@ def _unavailable(what: str, reason: str, fix: str) -> None:
 
 # --------------------------------------------------------------------------- docker
 @functools.lru_cache(maxsize=1)
-def _docker_probe() -> tuple[Optional[object], str]:
+def _docker_probe() -> tuple[object | None, str]:
     try:
         import docker  # type: ignore
     except ImportError as exc:  # pragma: no cover - docker is a dependency
@@ -157,7 +156,7 @@ def venv_tool(name: str) -> str:
 SMOKE_VENV_PYTHON = "/opt/envbuilder-smoke-venv/bin/python"   # made by .ci/make-smoke-venv.sh
 
 
-def smoke_python() -> Optional[str]:
+def smoke_python() -> str | None:
     """A Python with torch, tensorflow-cpu and Horovod for host-runtime tests:
     ENVBUILDER_SMOKE_PYTHON, else the environment .ci/setup makes, else None."""
     explicit = os.environ.get("ENVBUILDER_SMOKE_PYTHON")

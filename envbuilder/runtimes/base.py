@@ -14,10 +14,11 @@ A runtime imports nothing above it (no verify, no render): verify hands it the s
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 Suite = Callable[[str | None], list[str]]   # manifest path inside the image (or None) -> suite args
 

@@ -35,10 +35,10 @@ def docker_cli() -> str:
 def require_image(docker: str, image: str) -> None:
     try:
         proc = subprocess.run([docker, "image", "inspect", "--format", "{{.Id}}", image],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60, text=True)
+                              capture_output=True, timeout=60, text=True)
     except subprocess.TimeoutExpired:
         raise EnvbuilderError("--runtime docker", "the Docker engine did not answer within 60 s",
-                              "start it (dockerd) and retry")
+                              "start it (dockerd) and retry") from None
     if proc.returncode == 0:
         return
     err = proc.stderr.strip()
@@ -51,7 +51,7 @@ def require_image(docker: str, image: str) -> None:
 
 def docker_image_id(docker: str, image: str) -> str:
     proc = subprocess.run([docker, "image", "inspect", "--format", "{{.Id}}", image],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60, text=True)
+                          capture_output=True, timeout=60, text=True)
     return proc.stdout.strip().split(":")[-1]
 
 

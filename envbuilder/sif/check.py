@@ -40,7 +40,7 @@ def structure(sif: Path) -> dict:
         raise CheckFailed("sif: structure", str(exc), "give a .sif made by `envbuilder build --sif` "
                           "or `apptainer build`") from None
     except OSError as exc:
-        raise EnvbuilderError("FOLDER", f"cannot read {sif}: {exc.strerror}")
+        raise EnvbuilderError("FOLDER", f"cannot read {sif}: {exc.strerror}") from None
     proc = subprocess.run([_siftool(), "list", str(sif)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise CheckFailed("sif: structure", f"siftool cannot read {sif}: {proc.stderr.strip()[-300:]}",

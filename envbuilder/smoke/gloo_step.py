@@ -202,7 +202,7 @@ class StepRendezvous(object):
                     "starting Horovod's rendezvous server: %s: %s" % (type(exc).__name__, exc))
                 write_json_atomic(path, {"error": str(err), "step": step_id()})
                 self.stop()
-                raise err
+                raise err from None
             return self.env
         missing = _wait_for(lambda: [] if _current(path) else [path], time.time() + wait_s)
         if missing:
@@ -233,7 +233,7 @@ class StepRendezvous(object):
         try:
             counts = parse_tasks_per_node(per_node) if per_node else None
         except ValueError as exc:
-            raise GlooStepError(str(exc))
+            raise GlooStepError(str(exc)) from None
         slots = slot_plan(tasks, self.size, counts)
         nodes = int(os.environ.get("SLURM_STEP_NUM_NODES") or os.environ.get("SLURM_NNODES") or 0)
         used = len(set(s["hostname"] for s in slots))

@@ -11,7 +11,6 @@ import time
 from . import __version__
 from .common import (BEGIN_MARKER, END_MARKER, FAIL, FAULT_ENV, GPU_LEFT_OUT, PASS, REPORT_SCHEMA,
                      SKIP, result, write_text_atomic)
-from .plan import distributed_kind
 
 
 def summary(checks):
@@ -77,7 +76,6 @@ def gpu_checks_state(expect, checks):
 
 
 def no_runs_result(expect):
-    kind = distributed_kind(expect)
     if "distributed" in expect:
         return result("distributed", SKIP, "the manifest asks for no multi-rank framework "
                       "(distributed: none): no multi-rank checks")

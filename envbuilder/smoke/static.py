@@ -30,9 +30,9 @@ def load_manifest(path):
         with open(path) as fh:
             data = json.load(fh)
     except OSError as exc:
-        raise ManifestError("cannot read manifest %s: %s" % (path, exc.strerror or exc))
+        raise ManifestError("cannot read manifest %s: %s" % (path, exc.strerror or exc)) from None
     except ValueError as exc:
-        raise ManifestError("manifest %s is not valid JSON: %s" % (path, exc))
+        raise ManifestError("manifest %s is not valid JSON: %s" % (path, exc)) from None
     if not isinstance(data, dict):
         raise ManifestError("manifest %s is not a JSON object" % path)
     expect = data.get("expect")
@@ -147,7 +147,7 @@ def mpirun_version():
         return None, None, "", None
     try:
         proc = subprocess.run([exe, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=30, universal_newlines=True)
+                              timeout=30, text=True)
     except (OSError, subprocess.SubprocessError) as exc:
         return None, None, str(exc), exe
     flavor, version = parse_mpi_text(proc.stdout)
@@ -507,7 +507,7 @@ def installed_os_packages():
     try:
         out = subprocess.run(["dpkg-query", "-W", "-f=${Package} ${Version}\\n"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             universal_newlines=True, timeout=60).stdout
+                             text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     have = {}

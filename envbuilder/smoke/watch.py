@@ -70,10 +70,10 @@ def stop_run(proc, states, exits, grace=3.0):
     """SIGTERM the run's process group and every rank we know of, then SIGKILL."""
     here = socket.gethostname()
     pids = set()
-    for r, st in states.items():
+    for st in states.values():
         if st.get("host") == here:      # a pid means nothing on another node
             pids.add(st.get("pid"))
-    for r, ex in exits.items():
+    for ex in exits.values():
         if ex.get("host") == here:
             pids.add(ex.get("worker_pid"))
             pids.add(ex.get("wrapper_pid"))

@@ -17,7 +17,7 @@ import traceback
 
 from .common import (FAIL, FAULT_ENV, PASS, SKIP, bandwidth_result, bandwidth_row, gpu_absent,
                      env_local_rank, env_local_size, env_rank, env_size, fmt_bytes, parse_fault,
-                     rank_file, read_json, result,
+                     rank_file, result,
                      threads_per_rank, write_json_atomic)
 
 # Message sizes (bytes) for the bandwidth measurement, and the allreduce correctness grid.

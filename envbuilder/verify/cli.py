@@ -195,7 +195,9 @@ def image_record(target: Target, runtime_name: str) -> dict | None:
 
 def main(argv=None) -> int:
     """Stand-alone entry (``python -m envbuilder.verify.cli``), same behaviour as the subcommand."""
-    parser = argparse.ArgumentParser(prog="envbuilder verify")
+    from ..helpdocs import epilog
+
+    parser = argparse.ArgumentParser(prog="envbuilder verify", epilog=epilog("verify"))
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -10,7 +10,7 @@ import time
 import xml.etree.ElementTree as ET
 
 from ..smoke import report as smoke_report
-from ..smoke.common import FAIL, PASS, REPORT_SCHEMA, SKIP
+from ..smoke.common import FAIL, REPORT_SCHEMA, SKIP
 
 
 

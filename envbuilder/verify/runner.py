@@ -174,9 +174,9 @@ def execute(argv: list[str], *, timeout: float, env: dict | None = None,
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     except FileNotFoundError:
-        raise EnvbuilderError("verify", f"{argv[0]} not found", "install it or pick another --runtime")
+        raise EnvbuilderError("verify", f"{argv[0]} not found", "install it or pick another --runtime") from None
     except OSError as exc:
-        raise EnvbuilderError("verify", f"cannot run {argv[0]}: {exc.strerror}")
+        raise EnvbuilderError("verify", f"cannot run {argv[0]}: {exc.strerror}") from None
     # stderr (the suite's progress lines) streams through live and its tail is kept for the
     # message when no report comes; stdout (the report) is collected
     err_tail: deque = deque(maxlen=40)

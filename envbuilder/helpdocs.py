@@ -1,0 +1,21 @@
+"""Where each command is explained: the last line of its --help (tests/test_help_docs.py checks
+that every page and section named here exists). Paths are relative to the source tree."""
+
+from __future__ import annotations
+
+# command (or "" for `envbuilder --help`) -> the page, and a section of it
+DOCS: dict[str, str] = {
+    "": "README.md; the guides by task: docs/README.md; every spec key: docs/spec.md",
+    "check": "docs/writing-a-spec.md; every key and the rules that read it: docs/spec.md",
+    "build": "docs/engines.md; job scripts and site profiles: docs/jobs.md",
+    "sif": "docs/sif.md",
+    "presets": "docs/writing-a-spec.md#presets-recipes-generated-files-in-images",
+    "schema": "docs/spec.md (the same schema as a page)",
+    "verify": "docs/verify.md",
+    "lock": "docs/lock.md",
+    "diff": "docs/lock.md",
+}
+
+
+def epilog(command: str = "") -> str:
+    return f"Docs: {DOCS[command]}"

@@ -207,11 +207,12 @@ SPEC_FIELDS: dict[str, Field] = {
                             "(where libmpi.so.12 or libmpi_abi.so.1 is), then what must come along "
                             "(libfabric, libpmi, provider folders). job.sbatch binds each at the same path, "
                             "puts them first on the library path inside the container and checks on every "
-                            "node that they exist before any rank starts.", default=[]),
+                            "node that they exist before any rank starts.", default=[],
+                            example=["/opt/cray/pe/mpich/8.1.30/ofi/gnu/12.3/lib", "/opt/cray/libfabric/1.20.1/lib64"]),
         "site_mpi_abi": s("The ABI of cluster.site_mpi: mpich (libmpi.so.12: MPICH, Intel MPI, Cray MPICH) "
                           "or standard (the MPI-5 libmpi_abi.so.1).", enum=("mpich", "standard")),
         "site_mpi_env": Field("map", "Environment the site's MPI needs in every rank (FI_PROVIDER, I_MPI_*...).",
-                              items=Field("string", "value"), secret_ok=False),
+                              items=Field("string", "value"), secret_ok=False, example={"FI_PROVIDER": "cxi"}),
         "stage": s("Dataset copied once per node to node-local storage before training "
                    "(ranks find it in $ENVBUILDER_DATA).", example="/projects/proj123/data/imagenet"),
         "local_scratch": s("Node-local folder for staging and the throw-away HOME "

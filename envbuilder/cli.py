@@ -76,7 +76,7 @@ def _build_args(p):
     p.add_argument("--tag", help="image tag (default: envbuilder/<name>:<spec hash>)")
     p.add_argument("--sif", action="store_true",
                    help="also write <folder>/<name>.sif from the built image (no Apptainer needed: "
-                        "mksquashfs + siftool); same as `targets: [sif]`")
+                        "tar2sqfs + siftool); same as `targets: [sif]`")
     from .lockcmd import add_lock_option
 
     add_lock_option(p)

@@ -210,6 +210,7 @@ class Layers:
                 decompress(fh, kind, dest, self.budget.limit - decompressed, name)
                 length = dest.stat().st_size
                 decompressed += length
+                self.stack.callback(dest.unlink, missing_ok=True)    # before the SIF is assembled
                 layer_file = self.stack.enter_context(open(dest, "rb"))
             try:
                 layer = tarfile.open(fileobj=layer_file, mode="r:")

@@ -279,7 +279,8 @@ def test_layers_apply_by_the_oci_rules(scene, fmt, compress):
                D("w"), F("w/gone", b"G"), F("w/kept", b"K"), D("o"), F("o/old", b"O"), D("o/sub"),
                F("o/sub/deep", b"D"), D("r"), F("r/child", b"C"), F("f", b"F"), F("hl-src", b"same"),
                DEV("dev/null"), DEV("fifo", tarfile.FIFOTYPE, 0, 0),
-               F("owned", b"u", mode=0o4755, uid=1234, gid=5678)], compress),
+               F("owned", b"u", mode=0o4755, uid=1234, gid=5678), F("caf\udce9", b"latin-1 name"),
+               F("long/" + "n" * 255, b"255 bytes")], compress),
         layer([F("lib/b", b"B"), F("abs/c", b"C2"), F("w/.wh.gone"), F("o/.wh..wh..opq"), F("o/new", b"N"),
                F("r", b"now a file"), H("hl", "hl-src"), H("hl2", "lib/a"), F(".wh.f")], compress),
         layer([F("f", b"back"), F("w/.wh.kept"), F("w/kept", b"K2")], compress),
@@ -297,6 +298,7 @@ def test_layers_apply_by_the_oci_rules(scene, fmt, compress):
     assert hard["hl-src"].linkname == "hl" and hard["usr/lib/a"].linkname == "hl2"      # one inode each
     assert files["dev/null"][0] == tarfile.CHRTYPE and files["fifo"][0] == tarfile.FIFOTYPE
     assert files["owned"][1:4] == (0o4755, 1234, 5678)
+    assert files["caf\udce9"][4] == b"latin-1 name" and files["long/" + "n" * 255][4] == b"255 bytes"
     assert not [k for k in files if "/.wh." in "/" + k]
 
 
@@ -351,6 +353,8 @@ def _malformed(tmp: Path) -> dict[str, tuple[Path, str]]:
         "layers not a list": (o(tmp / "17.tar", [GOOD], manifest={"config": {"digest": _digest(json.dumps(CONFIG).encode())}, "layers": "x"}), "'layers' is a JSON str, not a list"),
         "not a tar at all": (_write(tmp / "18.tar", os.urandom(4096)), "is not an image archive"),
         "zstd layer": (o(tmp / "19.tar", [b"\x28\xb5\x2f\xfd" + b"\0" * 100]), "is zstd-compressed"),
+        "a name past NAME_MAX": (d(tmp / "21.tar", [layer([F("d/" + "y" * 256, b"1")])]), "is longer than a file system takes"),
+        "a link to nowhere": (d(tmp / "22.tar", [layer([L("l", "")])]), "has no target"),
         "config missing": (d(tmp / "20.tar", [GOOD], drop=("config.json",)), "is named by the image's manifest but is not in the archive"),
     }
 
@@ -365,7 +369,7 @@ MALFORMED = [
     "Layers a string", "Config a number", "manifest.json not JSON", "config a list", "Env a string",
     "Env items numbers", "Labels values numbers", "architecture a number", "index manifests not a list",
     "layer descriptor without digest", "digest climbing out", "layers not a list", "not a tar at all",
-    "zstd layer", "config missing"]
+    "zstd layer", "config missing", "a name past NAME_MAX", "a link to nowhere"]
 
 
 @pytest.mark.parametrize("case", MALFORMED)

@@ -39,6 +39,7 @@ WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 MAX_HOPS = 40                     # Linux's MAXSYMLINKS
 MAX_PATH = 4096                   # PATH_MAX
+MAX_NAME = 255                    # NAME_MAX (SquashFS takes 256; tar2sqfs writes longer, corrupt)
 MAX_ENTRIES = 1_000_000           # headers in all layers: bounds the tree's memory (~1.5 KB each)
 SIZE_OPTION = "--max-unpacked-size"
 DEFAULT_MAX_UNPACKED = 64 << 30
@@ -275,8 +276,10 @@ def read_layer(tree: Tree, index: int, layer: tarfile.TarFile, member: str, budg
             tree.whiteout(info.name.rstrip("/"))
     for info in infos:
         name = info.name
-        if len(name.encode("utf-8", "surrogateescape")) > MAX_PATH:
-            raise broken(f"layer {member}: an entry's name is longer than {MAX_PATH} bytes")
+        encoded = name.encode("utf-8", "surrogateescape")
+        if len(encoded) > MAX_PATH or any(len(part) > MAX_NAME for part in encoded.split(b"/")):
+            raise broken(f"layer {member}: entry {name[:60]!r}... is longer than a file system takes "
+                         f"({MAX_NAME} bytes a name, {MAX_PATH} a path)")
         if posixpath.basename(name.rstrip("/")).startswith(WHITEOUT):
             continue
         if info.islnk():
@@ -290,8 +293,9 @@ def read_layer(tree: Tree, index: int, layer: tarfile.TarFile, member: str, budg
                     linkname=info.linkname if kind == "symlink" else "", size=info.size if kind == "file" else 0,
                     devmajor=info.devmajor, devminor=info.devminor,
                     source=(index, info) if kind == "file" else None)
-        if kind == "symlink" and not info.linkname:
-            raise broken(f"layer {member}: symbolic link {name!r} has no target")
+        if kind == "symlink" and not 0 < len(info.linkname.encode("utf-8", "surrogateescape")) < MAX_PATH:
+            raise broken(f"layer {member}: symbolic link {name[:60]!r} has no target or one longer "
+                         f"than {MAX_PATH} bytes")
         tree.put(name, node)
 
 

@@ -527,3 +527,33 @@ def test_a_non_root_user_makes_the_sif_with_the_images_owners(plain_user):
         assert (out / "img.sif").stat().st_uid == uid
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_an_output_folder_without_room_for_the_images_files_is_one_message(scene):
+    """The check made once the headers are read (the files' total, before the SquashFS is written)
+    and a disk that fills all the same (ENOSPC): one message each, no partial SIF, no work folder
+    left. Only ENOSPC says "free disk space" (the malformed cases above check that they do not)."""
+    tmp, _, _ = scene
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    small = tmp / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small)], check=True)
+    try:
+        out = small / "out"
+        out.mkdir()
+        (out / "manifest.json").write_text(json.dumps({"name": "img", "expect": {}}))
+        # a plain layer is read in place: refused by the check, before anything is written
+        archive = docker_archive(tmp / "big.tar", [layer([F("zeros", bytes(6 << 20))])])
+        r = sif_run(out, archive)
+        assert r.code == 1 and "Traceback" not in r.err, r.err
+        assert "no room:" in r.err and f"free under {out}" in r.err and "making the SIF needs about" in r.err
+        assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]
+        # a gzip layer is decompressed into the work folder first: the disk fills (ENOSPC)
+        archive = docker_archive(tmp / "big.tar", [layer([F("zeros", bytes(6 << 20))], "gzip")])
+        r = sif_run(out, archive)
+        assert r.code == 1 and "Traceback" not in r.err, r.err
+        assert f"no room left on the device under {out}" in r.err and "free disk space there" in r.err
+        assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]
+    finally:
+        subprocess.run(["umount", str(small)], check=True)

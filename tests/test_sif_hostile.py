@@ -252,6 +252,17 @@ def test_a_hard_link_to_a_file_outside_the_image_is_refused(scene, fmt, compress
         assert f"hard link 'h' -> '{target}'" in r.err and "is not in the image" in r.err, r.err
 
 
+def test_a_compressed_archive_is_read_like_a_plain_one(scene):
+    """`docker save | gzip`: decompressed once into the work folder (members are read out of
+    order), then the same image."""
+    tmp, out, victim = scene
+    before = snapshot(victim)
+    plain = oci_archive(tmp / "a.tar", [layer([L("esc", str(victim)), F("f", b"1")]), layer([F("esc/x", b"2")])])
+    packed = _write(tmp / "a.tar.gz", gzip.compress(plain.read_bytes()))
+    files = assert_held(sif_run(out, packed), out, victim, before, tmp)
+    assert files["f"][4] == b"1" and files[str(victim).lstrip("/") + "/x"][4] == b"2"
+
+
 def test_a_link_loop_is_one_message(scene):
     tmp, out, victim = scene
     before = snapshot(victim)
@@ -353,6 +364,7 @@ def _malformed(tmp: Path) -> dict[str, tuple[Path, str]]:
         "layers not a list": (o(tmp / "17.tar", [GOOD], manifest={"config": {"digest": _digest(json.dumps(CONFIG).encode())}, "layers": "x"}), "'layers' is a JSON str, not a list"),
         "not a tar at all": (_write(tmp / "18.tar", os.urandom(4096)), "is not an image archive"),
         "zstd layer": (o(tmp / "19.tar", [b"\x28\xb5\x2f\xfd" + b"\0" * 100]), "is zstd-compressed"),
+        "truncated compressed archive": (_write(tmp / "23.tar.gz", gzip.compress(d(tmp / "23.tar", [GOOD]).read_bytes())[:300]), "the archive 23.tar.gz is damaged: its gzip stream is truncated"),
         "a name past NAME_MAX": (d(tmp / "21.tar", [layer([F("d/" + "y" * 256, b"1")])]), "is longer than a file system takes"),
         "a link to nowhere": (d(tmp / "22.tar", [layer([L("l", "")])]), "has no target"),
         "config missing": (d(tmp / "20.tar", [GOOD], drop=("config.json",)), "is named by the image's manifest but is not in the archive"),
@@ -369,7 +381,8 @@ MALFORMED = [
     "Layers a string", "Config a number", "manifest.json not JSON", "config a list", "Env a string",
     "Env items numbers", "Labels values numbers", "architecture a number", "index manifests not a list",
     "layer descriptor without digest", "digest climbing out", "layers not a list", "not a tar at all",
-    "zstd layer", "config missing", "a name past NAME_MAX", "a link to nowhere"]
+    "zstd layer", "config missing", "a name past NAME_MAX", "a link to nowhere",
+    "truncated compressed archive"]
 
 
 @pytest.mark.parametrize("case", MALFORMED)

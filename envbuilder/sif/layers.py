@@ -233,10 +233,11 @@ class Budget:
 
 
 def decompress(fh, kind: str, dest: Path, limit: int, member: str) -> None:
-    """FH's KIND stream into DEST, at most LIMIT bytes; damage is one message."""
+    """FH's KIND stream into DEST, at most LIMIT bytes; damage is one message. MEMBER names
+    what is read: a layer's member name, or "the archive NAME"."""
     opener = {"gzip": gzip.GzipFile, "bzip2": bz2.BZ2File, "xz": lzma.LZMAFile}.get(kind)
     if opener is None:
-        raise broken(f"layer {member} is {kind}-compressed, which envbuilder does not read",
+        raise broken(f"{_what(member)} is {kind}-compressed, which envbuilder does not read",
                      "save the image with gzip or uncompressed layers (docker save; buildah push "
                      "--compression-format gzip)")
     written = 0
@@ -253,8 +254,12 @@ def decompress(fh, kind: str, dest: Path, limit: int, member: str) -> None:
     except (EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
         if isinstance(exc, OSError) and exc.errno is not None:
             raise                                          # the disk's own errors: ENOSPC ...
-        raise broken(f"layer {member} is damaged: its {kind} stream is truncated or corrupt "
+        raise broken(f"{_what(member)} is damaged: its {kind} stream is truncated or corrupt "
                      f"({exc})") from None
+
+
+def _what(member: str) -> str:
+    return member if member.startswith("the archive ") else f"layer {member}"
 
 
 def read_layer(tree: Tree, index: int, layer: tarfile.TarFile, member: str, budget: Budget,

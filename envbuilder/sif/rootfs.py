@@ -89,9 +89,18 @@ def save_docker_image(docker: str, tag: str, dest: Path) -> None:
 class Archive:
     """The outer archive: members by name (links inside it followed, within it)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, scratch: Path | None = None, limit: int = 0) -> None:
         self.path = path
         try:
+            with open(path, "rb") as fh:
+                kind = compression(fh.read(6))
+                fh.seek(0)
+                if kind is not None and scratch is not None:
+                    # a compressed archive (`docker save | gzip`) is read once into the work
+                    # folder: members are read out of order, which a compressed stream cannot seek
+                    plain = scratch / "archive.tar"
+                    decompress(fh, kind, plain, limit, f"the archive {path.name}")
+                    path = plain
             self.tar = tarfile.open(path)
             self.members = {_key(m.name): m for m in self.tar.getmembers()}
         except (tarfile.TarError, EOFError) as exc:
@@ -177,7 +186,7 @@ class Layers:
 
     def __init__(self, archive: Path, scratch: Path, limit: int) -> None:
         self.stack = ExitStack()
-        self.archive = Archive(archive)
+        self.archive = Archive(archive, scratch, limit)
         self.stack.callback(self.archive.tar.close)
         self.scratch = scratch
         self.budget = Budget(limit)

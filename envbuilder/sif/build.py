@@ -29,9 +29,8 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import CheckFailed, EnvbuilderError
-from . import layers
 from ..paths import MANIFEST_IN_IMAGE, SMOKE_DIR
-from . import layout, metadata, rootfs
+from . import layers, layout, metadata, rootfs
 
 SUITE_MODULE = SMOKE_DIR
 IMAGE_MANIFEST = MANIFEST_IN_IMAGE

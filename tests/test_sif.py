@@ -30,7 +30,7 @@ NAME = "cpu-torch-horovod"
 
 
 def tools():
-    for name, package in (("siftool", "siftool"), ("mksquashfs", "squashfs-tools"),
+    for name, package in (("siftool", "siftool"), ("tar2sqfs", "squashfs-tools-ng"), ("unsquashfs", "squashfs-tools"),
                           ("squashfuse", "squashfuse"), ("ch-run", "charliecloud")):
         require_binary(name, f"apt-get install {package} (.ci/install-system.sh)")
 
@@ -199,14 +199,14 @@ def _path_without(tmp_path: Path, missing: str) -> str:
     """A PATH holding the tools this step uses except MISSING (links to the real ones)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("docker", "tar", "mksquashfs", "siftool", "squashfuse", "fusermount3"):
+    for name in ("docker", "tar2sqfs", "siftool", "squashfuse", "fusermount3"):
         real = shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin")
         if name != missing and real:
             (bin_dir / name).symlink_to(real)
     return str(bin_dir)
 
 
-@pytest.mark.parametrize("missing,package", [("siftool", "siftool"), ("mksquashfs", "squashfs-tools")])
+@pytest.mark.parametrize("missing,package", [("siftool", "siftool"), ("tar2sqfs", "squashfs-tools-ng")])
 def test_missing_tool_names_the_debian_package(small_folder, tmp_path, missing, package):
     r = run_envbuilder("sif", str(small_folder), env={"PATH": _path_without(tmp_path, missing)})
     assert r.code == 1, r.err

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -210,3 +212,29 @@ def require_minicluster() -> dict:
         _unavailable("The multi-node cluster", (proc.stderr or proc.stdout).strip()[-300:],
                      "run tools/minicluster start (.ci/setup does)")
     return {"SLURM_CONF": f"{MINICLUSTER_ROOT}/etc/slurm.conf"}
+
+
+# --------------------------------------------------------------------------- another user's envbuilder
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def runtime_requirements() -> list[str]:
+    """envbuilder's own dependencies, as pyproject.toml lists them (what `pip install envbuilder`
+    brings a user on a login node)."""
+    import tomllib
+
+    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+
+
+def user_python(user: str, folder: Path) -> str:
+    """A virtual environment owned by USER in FOLDER (its parent writable by USER) with envbuilder's dependencies (the test's
+    own venv may lie where USER cannot read); envbuilder itself comes from the checkout through
+    PYTHONPATH. Made once per folder; returns its python."""
+    python = folder / "bin" / "python"
+    if not python.exists():
+        script = (f"/usr/bin/python3 -m venv {shlex.quote(str(folder))} && {shlex.quote(str(python))} -m pip "
+                  f"install -q --disable-pip-version-check " + " ".join(shlex.quote(r) for r in runtime_requirements()))
+        proc = subprocess.run(["runuser", "-u", user, "--", "env", "HOME=/tmp", "PATH=/usr/bin:/bin",
+                               "bash", "-c", script], capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, f"a venv for {user}: {proc.stderr[-2000:]}"
+    return str(python)

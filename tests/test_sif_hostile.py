@@ -18,7 +18,6 @@ import os
 import pwd
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_envbuilder
-from infra import require_binary
+from infra import require_binary, user_python
 
 SECRET = b"TOPSECRET-3f9c1e-do-not-copy\n"
 USER = "envb-sif"
@@ -495,9 +494,9 @@ def plain_user():
 
 
 def run_as(user: str, *args: str):
-    """envbuilder as USER: the system Python (this venv's lies under /root), the checkout on
-    PYTHONPATH; the sif path needs nothing outside the standard library."""
-    python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+    """envbuilder as USER: USER's own venv with envbuilder's dependencies (this one lies under
+    /root), the checkout on PYTHONPATH."""
+    python = user_python(user, Path(f"/tmp/envb-{user}-venv"))
     env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "PYTHONPATH": str(ROOT), "HOME": "/tmp",
            "PYTHONDONTWRITEBYTECODE": "1"}
     proc = subprocess.run(["runuser", "-u", user, "--", python, "-m", "envbuilder", *args],

@@ -238,3 +238,24 @@ def user_python(user: str, folder: Path) -> str:
                                "bash", "-c", script], capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, f"a venv for {user}: {proc.stderr[-2000:]}"
     return str(python)
+
+
+# --------------------------------------------------------------------------- images kept for the run
+_RUN_IMAGES: dict[str, bool] = {}      # tag -> it was in the engine before this test run
+
+
+def keep_for_run(tag: str) -> None:
+    """Call before building TAG: the image stays until the end of the test run (conftest removes
+    it then, unless it was there before the run), so that every module building the same preset
+    finds the image itself, not only its build cache (a cached rebuild of a removed image still
+    exports and unpacks every layer again)."""
+    if tag not in _RUN_IMAGES:
+        _RUN_IMAGES[tag] = subprocess.run([docker_cli(), "image", "inspect", tag],
+                                          capture_output=True).returncode == 0
+
+
+def remove_run_images() -> None:
+    for tag, existed in _RUN_IMAGES.items():
+        if not existed:
+            subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
+    _RUN_IMAGES.clear()

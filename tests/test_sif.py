@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import (BASE_IMAGE, base_image, docker_cli, require_binary, require_docker, require_slurm,
+from infra import (keep_for_run, BASE_IMAGE, base_image, docker_cli, require_binary, require_docker, require_slurm,
                    wheelhouse)
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -64,11 +64,13 @@ def torch_sif(tmp_path_factory):
     base_image()
     tools()
     out = tmp_path_factory.mktemp("sif") / "cpu-torch"
+    probe = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(out))
+    assert probe.code == 0, probe.err
+    keep_for_run(json.loads((out / "manifest.json").read_text())["image"]["tag"])
     r, wall = build_sif(out)
     info = json.loads((out / "image.json").read_text())
     print(f"build --sif: {wall:.0f} s in all")
     yield out, out / f"{NAME}.sif", info, r
-    subprocess.run([docker_cli(), "rmi", "-f", info["tag"]], capture_output=True)
 
 
 # --- format -------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ In CI (``.ci/run`` exports ``ENVBUILDER_REQUIRE_ENGINES=1``) a missing engine is
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shlex
@@ -259,3 +260,17 @@ def remove_run_images() -> None:
         if not existed:
             subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
     _RUN_IMAGES.clear()
+
+
+@contextlib.contextmanager
+def small_tmpfs(folder: Path, size: str):
+    """A file system of SIZE mounted at FOLDER (made here) for the test's body: a disk that fills.
+    Needs root; skips otherwise."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)

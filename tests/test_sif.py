@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import (keep_for_run, BASE_IMAGE, base_image, docker_cli, require_binary, require_docker, require_slurm,
+from infra import (small_tmpfs, keep_for_run, BASE_IMAGE, base_image, docker_cli, require_binary, require_docker, require_slurm,
                    wheelhouse)
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -244,20 +244,13 @@ def test_broken_image_is_one_message_and_keeps_the_existing_sif(small_folder, tm
 
 def test_no_room_is_one_message_and_no_partial_sif(small_folder, tmp_path):
     tools()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    small = tmp_path / "small"
-    small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(small)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "small", "8m") as small:
         folder = small / "deb"
         shutil.copytree(small_folder, folder)
         r = run_envbuilder("sif", str(folder))
         assert r.code == 1, r.err
         assert re.search(r"no room: [\d.]+ GB free under .*, making the SIF needs about", r.err), r.err
         assert sorted(p.name for p in folder.iterdir()) == ["manifest.json"]
-    finally:
-        subprocess.run(["umount", str(small)], check=True)
 
 
 def test_sif_of_the_small_base_image_round_trips(small_folder):

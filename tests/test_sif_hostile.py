@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_envbuilder
-from infra import require_binary, user_python
+from infra import require_binary, small_tmpfs, user_python
 
 SECRET = b"TOPSECRET-3f9c1e-do-not-copy\n"
 USER = "envb-sif"
@@ -546,12 +546,7 @@ def test_an_output_folder_without_room_for_the_images_files_is_one_message(scene
     and a disk that fills all the same (ENOSPC): one message each, no partial SIF, no work folder
     left. Only ENOSPC says "free disk space" (the malformed cases above check that they do not)."""
     tmp, _, _ = scene
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    small = tmp / "small"
-    small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small)], check=True)
-    try:
+    with small_tmpfs(tmp / "small", "4m") as small:
         out = small / "out"
         out.mkdir()
         (out / "manifest.json").write_text(json.dumps({"name": "img", "expect": {}}))
@@ -567,5 +562,3 @@ def test_an_output_folder_without_room_for_the_images_files_is_one_message(scene
         assert r.code == 1 and "Traceback" not in r.err, r.err
         assert f"no room left on the device under {out}" in r.err and "free disk space there" in r.err
         assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]
-    finally:
-        subprocess.run(["umount", str(small)], check=True)

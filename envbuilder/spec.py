@@ -112,11 +112,13 @@ class Cluster:
     arch: str | None = None
     gpu: str | None = None
     driver: str | None = None
+    fabric: str | None = None
+    bandwidth_floor: tuple[tuple[str, str], ...] = ()
 
     # keys added after the first release: left out of the spec hash while unset, so that
     # existing specs keep their hash (and their image tags)
     LATER_KEYS = ("pmi", "venv", "modules", "env", "stage", "local_scratch", "sweep", "monitor",
-                  "arch", "gpu", "driver", "local_cleanup")
+                  "arch", "gpu", "driver", "local_cleanup", "fabric", "bandwidth_floor")
 
     def canonical(self) -> dict:
         out = {}

@@ -108,7 +108,7 @@ def parse_nccl_log(text):
     when the log names no network."""
     net = provider = None
     lines = []
-    plugin_missing = False
+    plugin_missing = no_ib_device = False
     for line in text.splitlines():
         m = re.search(r"NCCL INFO Using network (.+?)\s*$", line)
         if m:
@@ -122,23 +122,29 @@ def parse_nccl_log(text):
                      line):
             plugin_missing = plugin_missing or "No plugin found" in line or "dlerror" in line
             lines.append(line.strip())
+        if re.search(r"NCCL INFO NET/IB\s*: No device found", line):
+            no_ib_device = True
+            lines.append(line.strip())
         m = re.search(r"NCCL INFO NET/(IB|Socket)\s*:\s*Using", line)
         if m and net is None:
             net = m.group(1)
             lines.append(line.strip())
     if net is None and not lines:
         return None
-    return {"net": net, "provider": provider, "plugin_missing": plugin_missing, "lines": lines[:6]}
+    return {"net": net, "provider": provider, "plugin_missing": plugin_missing, "no_ib_device": no_ib_device,
+            "lines": list(dict.fromkeys(lines))[:6]}
 
 
 def nccl_layer(parsed):
     if not parsed:
         return None
     net = parsed["net"] or "?"
-    rdma = net in ("IB",) or (net not in ("Socket", "?") and (parsed["provider"] or "") not in TCP_LIKE)
+    # IB, IBext_vN (NCCL's and the SHARP plugin's verbs), AWS Libfabric / Libfabric: RDMA unless
+    # libfabric's provider is a TCP one; Socket is NCCL's TCP fallback
+    rdma = net not in ("Socket", "?") and (parsed["provider"] or "") not in TCP_LIKE
     via = "NET/%s" % net + (" (provider %s)" % parsed["provider"] if parsed["provider"] else "")
     return {"transport": via, "rdma": bool(rdma), "via": via, "plugin_missing": parsed["plugin_missing"],
-            "evidence": parsed["lines"]}
+            "no_ib_device": parsed.get("no_ib_device", False), "evidence": parsed["lines"]}
 
 
 def nccl_debug_setup(workdir):
@@ -199,7 +205,7 @@ def _cause(layer_name, layer, obs, kind):
     if layer.get("plugin_missing"):
         return ("NCCL's network plugin did not load (plugin/NCCL/libfabric mismatch: aws-ofi-nccl "
                 "#241, #1055): NCCL uses its internal sockets")
-    if kind in ("ib", "roce") and not dev.get("dev_infiniband"):
+    if kind in ("ib", "roce") and (not dev.get("dev_infiniband") or layer.get("no_ib_device")):
         return ("no RDMA device visible to the rank: /dev/infiniband absent (no HCA on the node, or "
                 "the container runtime does not pass /dev/infiniband in)")
     if kind == "slingshot" and not dev.get("cxi"):

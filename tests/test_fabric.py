@@ -4,6 +4,7 @@ tests/test_multinode.py (fabric: ib ends in the named failure, fabric: tcp passe
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 
@@ -24,6 +25,7 @@ def site(tmp_path, extra: str, name: str = "fab") -> str:
 
 
 def render(tmp_path, extra: str, recipe: str = "cpu-torch.yaml"):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "out"
     r = run_envbuilder("build", str(RECIPES / recipe), "--site", site(tmp_path, extra), "--no-build",
                        "--out", str(out), "--force")
@@ -183,3 +185,43 @@ def test_floors_pass_and_fail_printing_measured_and_floor():
     bad = out["perf.floor[gloo]"]
     assert bad["status"] == "fail" and "measured 41.4 MB/s < floor 1000.00 GB/s (intra_node_gloo" in bad["detail"]
     assert fab.floor_checks(checks, "") == []
+
+
+# --------------------------------------------------------------------------- the image
+
+def _without_hash(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if "sha256" not in line and "spec-sha256" not in line)
+
+
+@pytest.mark.parametrize("kind, recipe, runtime_pkgs, configure, devel_pkg", [
+    ("ib", "gpu.yaml", ["rdma-core", "libibverbs1", "ibverbs-providers", "librdmacm1", "libucx0", "ucx-utils"],
+     "--with-ucx=/usr", "libucx-dev"),
+    ("slingshot", "gpu.yaml", ["libfabric1"], "--with-ofi=/usr", "libfabric-dev"),
+    # Debian's Open MPI (cpu-torch): the packages only, no source build to configure
+    ("efa", "cpu-torch.yaml", ["libfabric1", "rdma-core", "libibverbs1", "ibverbs-providers"], None, None),
+])
+def test_an_rdma_fabric_puts_its_libraries_in_the_image_and_lints(tmp_path, kind, recipe, runtime_pkgs, configure,
+                                                                  devel_pkg):
+    from infra import venv_tool
+    r, out = render(tmp_path, f"fabric: {kind}\n", recipe=recipe)
+    assert r.code == 0, r.err
+    dockerfile = (out / "Dockerfile").read_text()
+    runtime = dockerfile[dockerfile.index("AS runtime"):]
+    install = next(line for line in runtime.splitlines() if "apt-get install" in line)
+    assert all(f" {p} " in install + " " for p in runtime_pkgs), install
+    devel = dockerfile[:dockerfile.index("AS runtime")]
+    if configure:
+        assert f"--with-pmix=internal {configure} " in dockerfile
+        assert devel_pkg in next(line for line in devel.splitlines() if "apt-get install" in line)
+    else:
+        assert "--with-ucx" not in dockerfile and "--with-ofi" not in dockerfile
+    proc = subprocess.run([venv_tool("hadolint"), "--no-color", "--format", "json", str(out / "Dockerfile")],
+                          capture_output=True, text=True)
+    assert [f for f in json.loads(proc.stdout or "[]") if f["code"] != "DL3008"] == []
+
+
+def test_fabric_tcp_leaves_the_image_as_it_was(tmp_path):
+    r1, plain = render(tmp_path / "a", "")
+    r2, tcp = render(tmp_path / "b", "fabric: tcp\n")
+    assert r1.code == 0 and r2.code == 0
+    assert _without_hash((plain / "Dockerfile").read_text()) == _without_hash((tcp / "Dockerfile").read_text())

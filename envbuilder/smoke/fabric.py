@@ -21,6 +21,11 @@ import socket
 
 from .common import FAIL, PASS, SKIP, fmt_rate, result
 
+
+def _rate(bytes_per_s):
+    """fmt_rate, down to single bytes (a floor of 1 B/s reads as such)."""
+    return fmt_rate(bytes_per_s) if bytes_per_s >= 1e3 else "%g B/s" % bytes_per_s
+
 FABRIC_ENV = "ENVBUILDER_FABRIC"
 FLOOR_ENV = "ENVBUILDER_BANDWIDTH_FLOOR"
 RDMA_FABRICS = ("ib", "roce", "slingshot", "efa")
@@ -322,9 +327,9 @@ def floor_checks(checks, text=None):
         data = {"measured_Bps": measured, "floor_Bps": floor, "floor_name": key, "message_bytes": sizes[-1]["bytes"]}
         if measured < floor:
             out.append(result(fname, FAIL, "%s: measured %s < floor %s (%s, cluster.bandwidth_floor)" % (
-                name, fmt_rate(measured), fmt_rate(floor), key), "%s < %s" % (fmt_rate(measured), fmt_rate(floor)), data))
+                name, _rate(measured), _rate(floor), key), "%s < %s" % (_rate(measured), _rate(floor)), data))
         else:
             out.append(result(fname, PASS, "%s %s: measured %s >= floor %s (%s)" % (
-                name, where, fmt_rate(measured), fmt_rate(floor), key),
-                "%s >= %s" % (fmt_rate(measured), fmt_rate(floor)), data))
+                name, where, _rate(measured), _rate(floor), key),
+                "%s >= %s" % (_rate(measured), _rate(floor)), data))
     return out

@@ -129,6 +129,25 @@ class Stack:
         return not self.spec.cuda and self.spec.framework.family == "tensorflow"
 
     @property
+    def fabric(self) -> dict | None:
+        """The nodes' network (cluster.fabric, a site profile's key) as the catalog describes it
+        (`fabrics`: rdma, apt, ompi_configure, env, nccl_plugin); None when unset."""
+        kind = self.spec.cluster.fabric
+        return self.catalog.fabric(kind) if kind else None
+
+    @property
+    def fabric_libraries(self) -> bool:
+        """Whether the image carries a fabric's libraries: an RDMA fabric only (tcp images
+        are today's images, byte for byte)."""
+        return bool(self.fabric and self.fabric.get("rdma"))
+
+    @property
+    def fabric_env(self) -> dict[str, str]:
+        """The fabric's tested variables that the spec's/site's cluster.env does not set itself."""
+        own = dict(self.spec.cluster.env)
+        return {k: str(v) for k, v in sorted(((self.fabric or {}).get("env") or {}).items()) if k not in own}
+
+    @property
     def cuda_major(self) -> int | None:
         return major(self.spec.cuda.version) if self.spec.cuda else None
 

@@ -45,6 +45,8 @@ class Field:
     maximum: int | None = None
     secret_ok: bool = True         # False: a key named like a secret is refused (env maps)
     items: "Field | None" = None
+    key_pattern: re.Pattern | None = None     # maps: the keys' grammar (default: variable names)
+    key_hint: str = ""
     children: dict = dc_field(default_factory=dict)
     example: object = None
 
@@ -78,6 +80,11 @@ DISTRIBUTED = ("horovod", "torch", "tf-multiworker", "none")
 TORCH_BACKENDS = ("nccl", "gloo", "mpi")
 TORCH_LAUNCHERS = ("srun", "torchrun")
 ARCHES = ("x86_64", "aarch64")
+FABRICS = ("tcp", "ib", "roce", "slingshot", "efa")      # compat/catalog.yaml `fabrics`
+# an allreduce bus bandwidth floor: a number and a unit (B/s, kB/s, MB/s, GB/s, TB/s)
+FLOOR_RE = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,6})? ?(?:[kMGT])?B/s")
+# floor names: where (intra_node, inter_node), optionally one stack (mpi, gloo, torch, tf, nccl)
+FLOOR_NAME_RE = re.compile(r"(?:intra|inter)_node(?:_(?:mpi|gloo|torch|tf|nccl))?")
 # a GPU model envbuilder knows (compat/catalog.yaml `gpus`) or a compute capability "9.0"
 GPU_RE = re.compile(r"[a-z][a-z0-9-]{1,15}|[0-9]{1,2}\.[0-9]")
 DRIVER_RE = re.compile(r"[0-9]{3}(?:\.[0-9]{1,3}){1,2}")
@@ -181,6 +188,18 @@ SPEC_FIELDS: dict[str, Field] = {
         "network_interface": s("Interface NCCL/Gloo bootstrap on (ib0, hsn0...).", pattern=IFACE_RE,
                                pattern_hint="interface names (ib0, hsn0, ^docker,lo)"),
         "arch": s("The nodes' CPU architecture (site profiles: x86_64 or aarch64).", enum=ARCHES),
+        "fabric": s("The nodes' network (a site profile's key): tcp (default), ib, roce, slingshot, "
+                    "efa. Not tcp: the image gets the fabric's libraries (compat/catalog.yaml "
+                    "`fabrics`), job.sbatch its tested variables (env overrides them) and verify "
+                    "a `fabric` check that fails when a layer fell back to TCP.", enum=FABRICS),
+        "bandwidth_floor": Field("map", "Expected allreduce bus bandwidth, verify fails below it: "
+                                 "intra_node / inter_node, or per stack intra_node_mpi, "
+                                 "inter_node_gloo, inter_node_nccl ... (e.g. inter_node: 15 GB/s).",
+                                 items=Field("string", "a rate such as 15 GB/s", pattern=FLOOR_RE,
+                                             pattern_hint="a rate: a number and B/s, kB/s, MB/s, GB/s or TB/s"),
+                                 key_pattern=FLOOR_NAME_RE,
+                                 key_hint="intra_node or inter_node, optionally _mpi, _gloo, _torch, _tf or _nccl",
+                                 example={"intra_node": "250 GB/s", "inter_node": "15 GB/s"}),
         "gpu": s("The nodes' GPU: a model (h100, gh200, a100, v100, b200, l40s...) or a compute "
                  "capability such as \"9.0\".", pattern=GPU_RE,
                  pattern_hint="a GPU model in lower case (h100) or a compute capability (\"9.0\")"),
@@ -342,6 +361,11 @@ def _check(path: str, f: Field, value, doc, errors: list, source):
             return None
         out = {}
         for k, item in value.items():
+            if f.key_pattern is not None and not (isinstance(k, str) and f.key_pattern.fullmatch(k)):
+                errors.append(EnvbuilderError(f"{path}.{shown(str(k))}", "is not a known name here",
+                                              f"use {f.key_hint}", line=doc.line_of(f"{path}.{k}"),
+                                              source=source))
+                continue
             if not ENV_NAME_RE.fullmatch(k):
                 errors.append(EnvbuilderError(f"{path}.{shown(k)}", "is not a valid environment variable name",
                                               "use letters, digits and _", line=doc.line_of(f"{path}.{k}"),
@@ -361,6 +385,11 @@ def _check(path: str, f: Field, value, doc, errors: list, source):
                         "the image stores it in clear text for anyone who pulls it" if path == "env" else
                         "job.sbatch and the manifest copied into the image would hold it in clear text"),
                     RUN_TIME_FIX, line=doc.line_of(f"{path}.{k}"), source=source))
+                continue
+            if f.items.pattern is not None and not f.items.pattern.fullmatch(text):
+                errors.append(EnvbuilderError(f"{path}.{k}", f"{shown(text)} is not valid here",
+                                              f"use {f.items.pattern_hint}", line=doc.line_of(f"{path}.{k}"),
+                                              source=source))
                 continue
             out[k] = text
         return out

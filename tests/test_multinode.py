@@ -268,6 +268,57 @@ def test_gloo_alone_across_two_nodes_and_its_wrong_interface_is_named(cluster, s
     print(f"wrong interface (Horovod/Gloo): failed in {wall:.1f} s")
 
 
+# --------------------------------------------------------------------------- fabric and floors
+
+def fabric_site(shared: Path, kind: str, floors: str) -> tuple[str, ...]:
+    """The minicluster's profile with fabric: KIND and the floors given."""
+    path = shared / f"mc-{kind}.yaml"
+    path.write_text((Path(__file__).resolve().parent.parent / "sites" / "minicluster.yaml").read_text()
+                    .replace("name: minicluster", f"name: mc-{kind}") + f"fabric: {kind}\nbandwidth_floor: {floors}\n")
+    return ("--site", str(path))
+
+
+def test_fabric_ib_without_rdma_fails_naming_layer_node_and_cause_and_an_absurd_floor_fails(cluster, shared):
+    # this machine has no HCA: Open MPI selects ob1 over the tcp BTL between the nodes, which a
+    # site that promises InfiniBand must hear about, per node and with the likely cause
+    folder = build_folder(RECIPES / "cpu-torch.yaml", shared / "torch-ib", "--runtime", "host",
+                          site=fabric_site(shared, "ib", "{inter_node_mpi: 5000 TB/s}"))
+    assert 'ENVBUILDER_FABRIC="${ENVBUILDER_FABRIC:-ib}"' in (folder / "job.sbatch").read_text()
+    r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "90", timeout=900)
+    assert r.code == 1, r.out[-2000:]
+    c = checks(report)
+    fab = c["fabric"]
+    assert fab["status"] == "fail", fab
+    for node in NODES:
+        assert f"mpi on {node} fell back to ob1/tcp: no RDMA device visible to the rank: /dev/infiniband absent" \
+            in fab["detail"], fab["detail"]
+    assert "gloo on" not in fab["detail"]             # Gloo is TCP by design, not a fallback
+    assert c["fabric.transport[mpi]"]["figure"] == "mpi: ob1/tcp"
+    floor = c["perf.floor[mpi]"]
+    assert floor["status"] == "fail" and re.search(r"measured [0-9.]+ [kMG]B/s < floor 5000000\.00 GB/s "
+                                                    r"\(inter_node_mpi", floor["detail"]), floor
+    assert re.search(r"^fabric +FAIL", r.out, re.M) and re.search(r"^perf\.floor\[mpi\] +FAIL", r.out, re.M)
+    # everything else passed: the run itself worked, only the promises failed
+    assert {n for n, x in c.items() if x["status"] == "fail"} == {"fabric", "perf.floor[mpi]"}
+    print(f"fabric ib on the minicluster: named failure in {wall:.1f} s; {fab['figure']}; {floor['figure']}")
+
+
+def test_fabric_tcp_passes_and_a_floor_of_one_byte_per_second_passes(cluster, shared):
+    folder = build_folder(RECIPES / "cpu-torch.yaml", shared / "torch-tcp", "--runtime", "host",
+                          site=fabric_site(shared, "tcp", "{inter_node: 1 B/s}"))
+    r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "90", timeout=900)
+    assert_all_passed_on_two_nodes(r, report)
+    c = checks(report)
+    assert c["fabric"]["status"] == "pass" and "fabric tcp: TCP expected" in c["fabric"]["detail"]
+    assert c["fabric"]["figure"] == "gloo: tcp, mpi: ob1/tcp"
+    for ctrl in ("mpi", "gloo"):
+        floor = c[f"perf.floor[{ctrl}]"]
+        assert floor["status"] == "pass" and ">= floor 1 B/s (inter_node)" in floor["detail"], floor
+    print(f"fabric tcp on the minicluster: passed in {wall:.1f} s; transports: "
+          + "; ".join(f"{t['host']} {t['layer']}: {t['transport']}" for t in c["fabric"]["data"]["transports"])
+          + f"; floors: {c['perf.floor[mpi]']['figure']}, {c['perf.floor[gloo]']['figure']}")
+
+
 # --------------------------------------------------------------------------- charliecloud
 
 def built_image(shared: Path, recipe: str):

@@ -63,7 +63,7 @@ def test_nccl_version_codes():
 
 # --- the folder ships into images: stdlib + framework only, relative imports, Python 3.8 -----------
 
-ALLOWED_TOP = {"torch", "tensorflow", "horovod", "numpy"}
+ALLOWED_TOP = {"torch", "tensorflow", "horovod", "numpy", "mpi4py"}   # mpi4py: only where the image has it (mpi_library.py)
 
 
 def _stdlib():

@@ -244,7 +244,7 @@ def site_role(path: str) -> str:
         return "not allowed (it belongs to one experiment, not to a cluster)"
     if key in sites.ADDED:
         return "allowed; its entries are added after the spec's"
-    if key == sites.ENV_KEY:
+    if key in sites.MAP_KEYS:
         return "allowed; merged with the spec's, the site's value wins for a name both set"
     return "allowed; the site's value overrides the spec's"
 

@@ -119,6 +119,15 @@ class Catalog:
             patch["sources"] = [*patch["sources"], "torch_cxx"]
         return patch
 
+    # fabrics ----------------------------------------------------------------------------------
+    def fabric(self, kind: str) -> dict:
+        """What fabric KIND (cluster.fabric) needs: rdma, apt, ompi_configure, env, nccl_plugin."""
+        return self.data["fabrics"][kind]
+
+    def nccl_plugin(self, name: str) -> dict:
+        return self.data["nccl_plugins"][name]
+
+
 @lru_cache(maxsize=1)
 def load_catalog() -> Catalog:
     with open(CATALOG_PATH, encoding="utf-8") as fh:

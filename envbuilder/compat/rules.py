@@ -536,4 +536,4 @@ def cuda_from_pypi(spec: Spec, ctx: Context):
 
 
 # rules kept in their own modules register themselves on import
-from . import rules_distributed, rules_gpu  # noqa: E402,F401
+from . import rules_distributed, rules_fabric, rules_gpu  # noqa: E402,F401

@@ -22,6 +22,7 @@ from ..plan import Copy, Step
 from ..quoting import shell_word
 from ..resolve import Stack
 from ..versions import satisfies
+from . import fabric
 
 PREFIXES = {"openmpi": "/opt/openmpi", "mpich": "/opt/mpich"}   # where a built MPI goes, per flavor
 PREFIX = PREFIXES["openmpi"]
@@ -157,8 +158,8 @@ def configure_args(stack: Stack) -> list[str]:
                 "--disable-fortran", "--enable-shared", "--disable-static"]
     libdir = f"/usr/lib/{stack.catalog.arch(stack.spec.target_arch)['multiarch']}"   # Slurm's libpmi2 (Debian multiarch)
     pmi = "--with-pmix=internal" if mpi.pmi == "pmix" else f"--with-pmi=/usr --with-pmi-libdir={libdir}"
-    return [f"--prefix={PREFIXES['openmpi']}", "--with-slurm", pmi, "--disable-man-pages", "--enable-shared",
-            "--disable-static"]
+    return [f"--prefix={PREFIXES['openmpi']}", "--with-slurm", pmi, *fabric.ompi_configure(stack),
+            "--disable-man-pages", "--enable-shared", "--disable-static"]
 
 
 def mpich_pmi_option(stack: Stack) -> str:

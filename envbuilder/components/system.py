@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..plan import Step
 from ..resolve import Stack
-from . import conda, cuda, horovod, mpi, packages, python
+from . import conda, cuda, fabric, horovod, mpi, packages, python
 
 
 # apt's caches, removed in the step that made them, whatever the base's apt settings: Docker
@@ -33,7 +33,7 @@ def devel_packages(stack: Stack) -> list[str]:
     if stack.ngc:
         return sorted(set(packages.apt(stack)))
     pkgs = ["ca-certificates"]
-    for part in (python, cuda, mpi, horovod, conda):
+    for part in (python, cuda, mpi, fabric, horovod, conda):
         pkgs += part.devel_apt(stack)
     return sorted(set(pkgs))
 
@@ -42,7 +42,7 @@ def runtime_packages(stack: Stack) -> list[str]:
     if stack.ngc:
         return []
     pkgs = ["ca-certificates"]
-    for part in (python, cuda, mpi):
+    for part in (python, cuda, mpi, fabric):
         pkgs += part.runtime_apt(stack)
     pkgs += packages.apt(stack)
     return sorted(set(pkgs))

@@ -212,6 +212,16 @@ def _environment(stack: Stack, rt: Runtime) -> list[str]:
                 '    *) export OMPI_MCA_btl_tcp_if_include="${OMPI_MCA_btl_tcp_if_include:-$NCCL_SOCKET_IFNAME}" \\',
                 '              OMPI_MCA_oob_tcp_if_include="${OMPI_MCA_oob_tcp_if_include:-$NCCL_SOCKET_IFNAME}" ;;',
                 'esac']
+    if cl.fabric:
+        out += [f"# The nodes' fabric ({cl.fabric}): verify's fabric check reads it; its tested variables",
+                "# (compat/catalog.yaml `fabrics`, each with its source) as defaults; cluster.env overrides",
+                f'export ENVBUILDER_FABRIC="${{ENVBUILDER_FABRIC:-{shell_default(cl.fabric, "cluster.fabric")}}}"']
+        out += [f'export {k}="${{{k}:-{shell_default(v, f"fabrics.{cl.fabric}.env.{k}")}}}"'
+                for k, v in stack.fabric_env.items()]
+    if cl.bandwidth_floor:
+        floors = ";".join(f"{k}={v}" for k, v in cl.bandwidth_floor)
+        out += ["# Allreduce bus bandwidth floors (cluster.bandwidth_floor): the smoke suite fails below them",
+                f'export ENVBUILDER_BANDWIDTH_FLOOR="${{ENVBUILDER_BANDWIDTH_FLOOR:-{shell_default(floors, "cluster.bandwidth_floor")}}}"']
     if cl.env:
         out.append("# The site's and spec's extra variables (cluster.env)")
         out += ["export " + shell_assign(k, v, f"cluster.env.{k}") for k, v in cl.env]

@@ -3,7 +3,7 @@ runtime...), so that one spec serves several clusters (`envbuilder build --site 
 
 A profile holds the same keys as a spec's `cluster` section (minus what belongs to one
 experiment: command, sweep, stage) plus `name` and `description`. Its values override the
-spec's; its `binds`, `modules` and `env` are added to the spec's.
+spec's; its `binds`, `modules`, `env` and `bandwidth_floor` are added to the spec's.
 
     # sites/mycluster.yaml
     name: mycluster
@@ -36,7 +36,7 @@ NOT_IN_PROFILES = ("command", "sweep", "stage", "monitor")
 SITE_FIELDS = {**PROFILE_ONLY, **{k: f for k, f in SPEC_FIELDS["cluster"].children.items()
                                  if k not in NOT_IN_PROFILES}}
 ADDED = ("binds", "modules")          # lists: the spec's entries, then the site's
-ENV_KEY = "env"                       # map: the site's values win
+MAP_KEYS = ("env", "bandwidth_floor")  # maps: the site's values win
 
 
 def site_dirs() -> list[Path]:
@@ -100,8 +100,8 @@ def merge(spec_cluster: Cluster, site: Site) -> Cluster:
         value = getattr(site.settings, key)
         if key in ADDED:
             value = tuple(dict.fromkeys(getattr(spec_cluster, key) + value))
-        elif key == ENV_KEY:
-            value = tuple(sorted({**dict(spec_cluster.env), **dict(value)}.items()))
+        elif key in MAP_KEYS:
+            value = tuple(sorted({**dict(getattr(spec_cluster, key)), **dict(value)}.items()))
         changes[key] = value
     return replace(spec_cluster, **changes)
 

@@ -21,6 +21,7 @@ import os
 import socket
 import time
 
+from .fabric import check_name, fabric, rank_result as fabric_result
 from .common import FAIL, PASS, SKIP, bandwidth_result, bandwidth_row, fmt_bytes, gpu_absent, result
 
 TAG = "[torch]"
@@ -34,7 +35,7 @@ TRAIN_STEPS = 30
 
 def plan():
     return ["dist.init" + TAG, "dist.collectives" + TAG, "train.ddp" + TAG,
-            "perf.allreduce" + TAG] + [n + TAG for n in GPU_NAMES]
+            "perf.allreduce" + TAG] + ([check_name(TAG)] if fabric() else []) + [n + TAG for n in GPU_NAMES]
 
 
 def launch_index():
@@ -356,6 +357,7 @@ def run(ctx, run_checks, threads):
         ("dist.collectives" + TAG, check_collectives),
         ("train.ddp" + TAG, check_train),
         ("perf.allreduce" + TAG, check_bandwidth),
+    ] + ([(check_name(TAG), lambda c: [fabric_result(TAG, c.td.backend)])] if fabric() else []) + [
         ("gpu.devices" + TAG, check_gpu),
     ])
     try:

@@ -26,6 +26,7 @@ from .static import ManifestError, framework_module, load_manifest, run_static
 from .gloo_step import GlooStepError, StepRendezvous
 from .launch import (execute_in_step, execute_run, slurm_step, step_workdir, stop_file,
                      wait_for_done)
+from .fabric import floor_checks, judge as fabric_check
 from .merge import launch_check, merge_run, operations_check
 from .mpi_library import SITE_ENV as SITE_MPI_ENV
 from .mpi_library import collect as collect_mpi, merge as merge_mpi, write_record as write_mpi_record
@@ -170,10 +171,21 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
     ops = operations_check(expect, checks)
     if ops is not None:
         checks.append(ops)
+    add_fabric_checks(checks)
     if not args.keep and not args.workdir:
         shutil.rmtree(base, ignore_errors=True)
     return finish(args, manifest, manifest_path, checks, run_records, t_start,
                   launcher="srun (in step, %d tasks)" % size, ranks=size, workdir=base)
+
+
+def add_fabric_checks(checks):
+    """The site's promises (job.sbatch's ENVBUILDER_FABRIC, ENVBUILDER_BANDWIDTH_FLOOR): the
+    `fabric` check and a `perf.floor[...]` per measured allreduce that has a floor."""
+    fab = fabric_check(checks)
+    floors = floor_checks(checks)
+    if fab is not None:
+        checks.append(fab)
+    checks.extend(floors)
 
 
 def main(argv=None):
@@ -223,6 +235,7 @@ def main(argv=None):
         ops = operations_check(expect, checks)
         if ops is not None:
             checks.append(ops)
+        add_fabric_checks(checks)
         if args.launcher == "torchrun" and os.environ.get("SLURM_NODEID", "0") not in ("", "0"):
             # torchrun mode, one task per node: the first node's launcher reports for all ranks
             return 0 if all(r["returncode"] in (0, None) for r in run_records) else 1

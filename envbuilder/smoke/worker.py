@@ -19,6 +19,7 @@ from .common import (FAIL, FAULT_ENV, PASS, SKIP, bandwidth_result, bandwidth_ro
                      env_local_rank, env_local_size, env_rank, env_size, fmt_bytes, parse_fault,
                      rank_file, result,
                      threads_per_rank, write_json_atomic)
+from .fabric import check_name as fabric_check, fabric, nccl_debug_setup, rank_result as fabric_result
 
 # Message sizes (bytes) for the bandwidth measurement, and the allreduce correctness grid.
 BANDWIDTH_SIZES = (4 << 10, 256 << 10, 4 << 20, 16 << 20)
@@ -47,6 +48,10 @@ def plan(framework, controller, first_run, gpu_expected=False):
         "train.%s%s" % (fw, tag),
         "perf.step.%s%s" % (fw, tag),
         "perf.allreduce" + tag,
+    ]
+    if fabric():
+        names.append(fabric_check(tag))
+    names += [
         "gpu.devices" + tag,
         "gpu.rank_map" + tag,
         "gpu.nccl_allreduce" + tag,
@@ -481,6 +486,8 @@ def main(argv=None):
         expect = json.load(fh).get("expect") or {}
 
     rank = env_rank()
+    if fabric() and expect.get("gpu"):
+        nccl_debug_setup(args.workdir)      # NCCL's init log names the network it chose
     progress = Progress(args.workdir, rank)
     ctx = Ctx(args, expect, progress)
     threads = threads_per_rank(env_local_size())
@@ -522,8 +529,10 @@ def main(argv=None):
         ("allreduce.exact" + ctx.tag, check_allreduce),
         ("train.%s%s" % (ctx.fw.key, ctx.tag), check_train),
         ("perf.allreduce" + ctx.tag, check_bandwidth),
-        ("gpu.devices" + ctx.tag, check_gpu),
     ]
+    if fabric():
+        checks.append((fabric_check(ctx.tag), lambda c: [fabric_result(c.tag, c.controller)]))
+    checks.append(("gpu.devices" + ctx.tag, check_gpu))
     run_checks(ctx, checks)
     try:
         ctx.hvd.shutdown()

@@ -1,0 +1,335 @@
+"""The transport each layer really used, read inside a running rank, and what the site promised.
+
+A rank reads its own process after the collectives ran (``observe``): Open MPI's selected
+components are the ``mca_pml_*``/``mca_btl_*``/``mca_mtl_*`` objects still mapped in
+/proc/self/maps (Open MPI unloads the components it did not select: `pml_base_verbose=10`
+prints "select: component ob1 selected" then "unloading component cm"), UCX's and libfabric's
+libraries likewise, NCCL's network from its own init log (``parse_nccl_log``), and whether an
+RDMA device is visible at all. ``judge`` (the launcher, rank 0) turns every rank's observation
+into one `fabric` check: with a fabric that promises RDMA (ENVBUILDER_FABRIC, set by job.sbatch
+from the site profile's `fabric:`), a layer that fell back to TCP or sockets across nodes fails,
+naming the layer, the node and the likely cause. ``floor_checks`` compares the measured
+allreduce bus bandwidth with the profile's floors (ENVBUILDER_BANDWIDTH_FLOOR).
+
+Standard library only, Python >= 3.8.
+"""
+
+import glob
+import os
+import re
+import socket
+
+from .common import FAIL, PASS, SKIP, fmt_rate, result
+
+
+def _rate(bytes_per_s):
+    """fmt_rate, down to single bytes (a floor of 1 B/s reads as such)."""
+    return fmt_rate(bytes_per_s) if bytes_per_s >= 1e3 else "%g B/s" % bytes_per_s
+
+FABRIC_ENV = "ENVBUILDER_FABRIC"
+FLOOR_ENV = "ENVBUILDER_BANDWIDTH_FLOOR"
+RDMA_FABRICS = ("ib", "roce", "slingshot", "efa")
+TCP_LIKE = ("tcp", "sockets", "udp", "tcp;ofi_rxm", "socket")
+SHARED_MEMORY_BTLS = ("self", "vader", "sm", "smcuda")
+NCCL_LOG_NAME = "nccl-%h-%p.log"         # NCCL_DEBUG_FILE's pattern (%h host, %p pid)
+UNITS = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+
+
+def fabric():
+    """The site's fabric for this run ('' when the job named none)."""
+    return os.environ.get(FABRIC_ENV, "").strip()
+
+
+def check_name(tag):
+    return "fabric.transport" + tag
+
+
+# ----------------------------------------------------------------------------- one rank
+
+def loaded_libraries(maps_text=None):
+    """Base names of the shared objects mapped in this process."""
+    if maps_text is None:
+        try:
+            with open("/proc/self/maps") as fh:
+                maps_text = fh.read()
+        except OSError:
+            return set()
+    return set(re.findall(r"/([^/\s]+\.so(?:\.[0-9.]+)?)\s*$", maps_text, re.M))
+
+
+def mpi_components(libs):
+    """Open MPI's selected pml/mtl and initialised btl components, from the mapped objects."""
+    out = {}
+    for kind in ("pml", "btl", "mtl"):
+        out[kind] = sorted(set(m.group(1) for lib in libs for m in [re.match(r"mca_%s_(\w+)\.so" % kind, lib)]
+                               if m and m.group(1) != "monitoring"))
+    return out
+
+
+def rdma_devices():
+    """What the container sees of RDMA hardware."""
+    ib = sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else []
+    return {"dev_infiniband": os.path.isdir("/dev/infiniband"), "ib_devices": ib,
+            "cxi": bool(glob.glob("/dev/cxi*")), "efa": any(d.startswith("efa") for d in ib)}
+
+
+def verbs_provider_present():
+    """libibverbs and at least one provider (ibverbs-providers) in the image."""
+    dirs = [d for pat in ("/usr/lib/*/libibverbs", "/usr/lib64/libibverbs", "/usr/lib/libibverbs")
+            for d in glob.glob(pat)]
+    return any(glob.glob(os.path.join(d, "lib*-rdmav*.so")) for d in dirs)
+
+
+def mpi_layer(libs, devices):
+    """Open MPI's transport between nodes: (layer dict) or None without Open MPI components."""
+    comp = mpi_components(libs)
+    if not comp["pml"]:
+        return None
+    pml = comp["pml"][0]
+    net_btls = [b for b in comp["btl"] if b not in SHARED_MEMORY_BTLS]
+    layer = {"pml": pml, "btl": comp["btl"], "mtl": comp["mtl"]}
+    if pml == "ucx":
+        ucx_rdma = devices["dev_infiniband"] and any(l.startswith("libuct_ib") for l in libs)
+        layer.update(transport="ucx/" + ("ib" if ucx_rdma else "tcp"), rdma=ucx_rdma,
+                     via="UCX" + ("" if ucx_rdma else " (no IB transport open: its tcp one carries the traffic)"))
+    elif pml == "cm":
+        provider = os.environ.get("FI_PROVIDER", "") if "ofi" in comp["mtl"] else ""
+        rdma = bool(comp["mtl"]) and comp["mtl"] != ["ofi"] or (provider and provider not in TCP_LIKE)
+        if "ofi" in comp["mtl"] and not provider:
+            provider = "unknown (FI_PROVIDER unset)"
+            rdma = devices["cxi"] or devices["efa"] or devices["dev_infiniband"]
+        layer.update(transport="cm/%s%s" % ("+".join(comp["mtl"]) or "?", ":" + provider if provider else ""),
+                     rdma=bool(rdma), via="mtl %s" % "+".join(comp["mtl"]))
+    else:
+        rdma = any(b not in ("tcp",) for b in net_btls)
+        layer.update(transport="%s/%s" % (pml, "+".join(net_btls) or "none"), rdma=rdma,
+                     via="btl " + ("+".join(net_btls) or "none"))
+    return layer
+
+
+def parse_nccl_log(text):
+    """NCCL's network from its NCCL_DEBUG=INFO init log: {'net': 'IB'|'Socket'|'AWS Libfabric'|...,
+    'provider': libfabric provider or None, 'plugin_missing': bool, 'lines': [evidence]}; None
+    when the log names no network."""
+    net = provider = None
+    lines = []
+    plugin_missing = no_ib_device = False
+    for line in text.splitlines():
+        m = re.search(r"NCCL INFO Using network (.+?)\s*$", line)
+        if m:
+            net = m.group(1)
+            lines.append(line.strip())
+        m = re.search(r"NCCL INFO NET/OFI Selected [Pp]rovider is (\S+)", line)
+        if m:
+            provider = m.group(1)
+            lines.append(line.strip())
+        if re.search(r"NCCL INFO NET/(?:Plugin|OFI).*(?:No plugin found|dlerror|[Uu]nable to load|[Ff]ailed to initialize)",
+                     line):
+            plugin_missing = plugin_missing or "No plugin found" in line or "dlerror" in line
+            lines.append(line.strip())
+        if re.search(r"NCCL INFO NET/IB\s*: No device found", line):
+            no_ib_device = True
+            lines.append(line.strip())
+        m = re.search(r"NCCL INFO NET/(IB|Socket)\s*:\s*Using", line)
+        if m and net is None:
+            net = m.group(1)
+            lines.append(line.strip())
+    if net is None and not lines:
+        return None
+    return {"net": net, "provider": provider, "plugin_missing": plugin_missing, "no_ib_device": no_ib_device,
+            "lines": list(dict.fromkeys(lines))[:6]}
+
+
+def nccl_layer(parsed):
+    if not parsed:
+        return None
+    net = parsed["net"] or "?"
+    # IB, IBext_vN (NCCL's and the SHARP plugin's verbs), AWS Libfabric / Libfabric: RDMA unless
+    # libfabric's provider is a TCP one; Socket is NCCL's TCP fallback
+    rdma = net not in ("Socket", "?") and (parsed["provider"] or "") not in TCP_LIKE
+    via = "NET/%s" % net + (" (provider %s)" % parsed["provider"] if parsed["provider"] else "")
+    return {"transport": via, "rdma": bool(rdma), "via": via, "plugin_missing": parsed["plugin_missing"],
+            "no_ib_device": parsed.get("no_ib_device", False), "evidence": parsed["lines"]}
+
+
+def nccl_debug_setup(workdir):
+    """Before NCCL starts in a fabric run: its init log into the run's folder (unless the user
+    asked for one), so that the rank can read which network it chose."""
+    if os.environ.get("NCCL_DEBUG_FILE"):
+        return
+    os.environ["NCCL_DEBUG"] = "INFO"
+    os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
+    os.environ["NCCL_DEBUG_FILE"] = os.path.join(workdir, NCCL_LOG_NAME)
+
+
+def read_nccl_log():
+    path = os.environ.get("NCCL_DEBUG_FILE", "")
+    if not path:
+        return None
+    path = path.replace("%h", socket.gethostname()).replace("%p", str(os.getpid()))
+    try:
+        with open(path, errors="replace") as fh:
+            return parse_nccl_log(fh.read())
+    except OSError:
+        return None
+
+
+def observe(controller, nccl=None):
+    """This rank's transports, per layer: {'host', 'fabric', 'layers': {name: {...}}, 'devices'}."""
+    libs = loaded_libraries()
+    devices = rdma_devices()
+    layers = {}
+    mpi = mpi_layer(libs, devices)
+    if mpi:
+        layers["mpi"] = mpi
+    if controller in ("gloo", "tf"):
+        layers[controller] = {
+            "transport": "tcp", "rdma": False, "by_design": True,
+            "via": "Gloo/gRPC sockets (no RDMA transport in the framework's wheels)"}
+    n = nccl_layer(nccl if nccl is not None else read_nccl_log())
+    if n:
+        layers["nccl"] = n
+    libfabric = sorted(l for l in libs if l.startswith("libfabric") or l.endswith("-fi.so"))
+    return {"host": socket.gethostname(), "fabric": fabric(), "layers": layers, "devices": devices,
+            "verbs_provider": verbs_provider_present(), "libfabric": libfabric,
+            "ucx": sorted(l for l in libs if l.startswith(("libucp", "libuct"))),
+            "nccl_plugin": sorted(l for l in libs if l.startswith("libnccl-net"))}
+
+
+def rank_result(tag, controller, nccl=None):
+    """The rank's `fabric.transport[...]` result: what it saw (judged by ``judge``)."""
+    obs = observe(controller, nccl)
+    figure = ", ".join("%s: %s" % (k, v["transport"]) for k, v in sorted(obs["layers"].items())) or "no layer seen"
+    return result(check_name(tag), PASS, "%s: %s" % (obs["host"], figure), figure, obs)
+
+
+# ----------------------------------------------------------------------------- the report
+
+def _cause(layer_name, layer, obs, kind):
+    dev = obs.get("devices") or {}
+    if layer.get("plugin_missing"):
+        return ("NCCL's network plugin did not load (plugin/NCCL/libfabric mismatch: aws-ofi-nccl "
+                "#241, #1055): NCCL uses its internal sockets")
+    if kind in ("ib", "roce") and (not dev.get("dev_infiniband") or layer.get("no_ib_device")):
+        return ("no RDMA device visible to the rank: /dev/infiniband absent (no HCA on the node, or "
+                "the container runtime does not pass /dev/infiniband in)")
+    if kind == "slingshot" and not dev.get("cxi"):
+        return "no Slingshot device visible in the container: /dev/cxi* absent"
+    if kind == "efa" and not dev.get("efa"):
+        return "no EFA device visible in the container (/sys/class/infiniband has no efa_*)"
+    if kind in ("ib", "roce", "efa") and not obs.get("verbs_provider"):
+        return "provider library missing in the image: no libibverbs provider (ibverbs-providers)"
+    if layer_name == "mpi" and layer.get("pml") == "ob1":
+        return ("this Open MPI selected ob1 with the tcp BTL: it has no %s component (built without "
+                "--with-ucx/--with-ofi?)" % ("UCX" if kind in ("ib", "roce") else "OFI"))
+    if kind in ("slingshot", "efa") and not obs.get("libfabric"):
+        return "provider library missing in the image: libfabric not loaded"
+    return "a device is visible but the layer chose TCP: check its settings (%s)" % layer.get("via", "")
+
+
+def judge(checks, kind=None):
+    """One `fabric` check from every run's fabric.transport results (None when no fabric was set)."""
+    kind = fabric() if kind is None else kind
+    if not kind:
+        return None
+    seen = [c for c in checks if c["name"].startswith("fabric.transport")]
+    if not seen:
+        return result("fabric", SKIP, "not run: no run reported its transports (fabric: %s)" % kind)
+    rows, failures, hosts = [], [], set()
+    for c in seen:
+        for _rank, r in sorted((c.get("ranks") or {}).items(), key=lambda x: int(x[0])):
+            obs = r.get("data") or {}
+            hosts.add(obs.get("host"))
+    multi = len(hosts) > 1
+    table = {}
+    for c in seen:
+        for _rank, r in sorted((c.get("ranks") or {}).items(), key=lambda x: int(x[0])):
+            obs = r.get("data") or {}
+            for name, layer in sorted((obs.get("layers") or {}).items()):
+                key = (obs.get("host"), name)
+                table.setdefault(key, layer["transport"])
+                if kind in RDMA_FABRICS and multi and not layer.get("rdma") and not layer.get("by_design"):
+                    msg = "%s on %s fell back to %s: %s" % (name, obs.get("host"), layer["transport"],
+                                                            _cause(name, layer, obs, kind))
+                    if msg not in failures:
+                        failures.append(msg)
+    rows = ["%s %s: %s" % (h, n, t) for (h, n), t in sorted(table.items())]
+    figure = ", ".join(sorted(set("%s: %s" % (n, t) for (_h, n), t in table.items())))
+    data = {"fabric": kind, "transports": [{"host": h, "layer": n, "transport": t} for (h, n), t in sorted(table.items())]}
+    if failures:
+        return result("fabric", FAIL, "fabric %s promises RDMA between nodes; %s" % (kind, "; ".join(failures)),
+                      figure, data)
+    if kind in RDMA_FABRICS and not multi:
+        note = "one node: the fabric is not crossed (run on 2 nodes to check it)"
+    elif kind in RDMA_FABRICS:
+        by_design = sorted(set(n for c in seen for r in (c.get("ranks") or {}).values()
+                               for n, l in ((r.get("data") or {}).get("layers") or {}).items() if l.get("by_design")))
+        note = "every layer that can use RDMA did" + (
+            " (%s: TCP by design)" % ", ".join(by_design) if by_design else "")
+    else:
+        note = "fabric %s: TCP expected" % kind
+    return result("fabric", PASS, "%s; %s" % (note, "; ".join(rows)), figure, data)
+
+
+def parse_floors(text):
+    """'inter_node=15 GB/s;intra_node_mpi=2 GB/s' -> {name: bytes per second}."""
+    out = {}
+    for part in (text or "").split(";"):
+        if "=" not in part:
+            continue
+        name, value = part.split("=", 1)
+        m = re.match(r"\s*([0-9.]+)\s*([kMGT]?)B/s\s*$", value)
+        if m:
+            out[name.strip()] = float(m.group(1)) * UNITS[m.group(2)]
+    return out
+
+
+def _hosts(checks, tag):
+    hosts = set()
+    for c in checks:
+        if c["name"].endswith(tag):
+            for r in (c.get("ranks") or {}).values():
+                h = (r.get("data") or {}).get("host")
+                if h:
+                    hosts.add(h)
+    return hosts
+
+
+def floor_checks(checks, text=None):
+    """`perf.floor[...]` per measured allreduce the profile gives a floor for."""
+    floors = parse_floors(os.environ.get(FLOOR_ENV, "") if text is None else text)
+    if not floors:
+        return []
+    out = []
+    for c in checks:
+        name = c["name"]
+        if not name.startswith(("perf.allreduce", "gpu.nccl_allreduce")) or "[" not in name:
+            continue
+        tag = name[name.index("["):]
+        stack = "nccl" if name.startswith("gpu.") else tag.strip("[]")
+        hosts = _hosts(checks, tag)
+        scope = "inter_node" if len(hosts) > 1 else "intra_node"
+        key = "%s_%s" % (scope, stack) if "%s_%s" % (scope, stack) in floors else scope
+        if key not in floors:
+            continue
+        fname = ("perf.floor.nccl" if name.startswith("gpu.") else "perf.floor") + tag
+        if c["status"] != PASS:
+            out.append(result(fname, SKIP, "not measured: %s %s" % (name, c["status"])))
+            continue
+        sizes = (((c.get("ranks") or {}).get("0") or {}).get("data") or {}).get("sizes") or \
+            (c.get("data") or {}).get("sizes") or []
+        if not sizes:
+            out.append(result(fname, SKIP, "not measured: %s has no figures" % name))
+            continue
+        measured = sizes[-1]["busbw_GBps"] * 1e9
+        floor = floors[key]
+        where = "%s (%d node%s)" % (scope.replace("_", "-"), len(hosts), "" if len(hosts) == 1 else "s")
+        data = {"measured_Bps": measured, "floor_Bps": floor, "floor_name": key, "message_bytes": sizes[-1]["bytes"]}
+        if measured < floor:
+            out.append(result(fname, FAIL, "%s: measured %s < floor %s (%s, cluster.bandwidth_floor)" % (
+                name, _rate(measured), _rate(floor), key), "%s < %s" % (_rate(measured), _rate(floor)), data))
+        else:
+            out.append(result(fname, PASS, "%s %s: measured %s >= floor %s (%s)" % (
+                name, where, _rate(measured), _rate(floor), key),
+                "%s >= %s" % (_rate(measured), _rate(floor)), data))
+    return out

@@ -1,0 +1,227 @@
+"""Fabric kinds as site data, the transport each layer used (read from a rank), the `fabric`
+check and bandwidth floors: device-free unit tests. The real runs on the 2-node cluster are in
+tests/test_multinode.py (fabric: ib ends in the named failure, fabric: tcp passes, floors)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import RECIPES, run_envbuilder
+from envbuilder.compat.catalog import load_catalog
+from envbuilder.schema import FABRICS
+from envbuilder.smoke import fabric as fab
+
+MINICLUSTER = (RECIPES.parent / "sites" / "minicluster.yaml").read_text()
+
+
+def site(tmp_path, extra: str, name: str = "fab") -> str:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(MINICLUSTER.replace("name: minicluster", f"name: {name}") + extra)
+    return str(path)
+
+
+def render(tmp_path, extra: str, recipe: str = "cpu-torch.yaml"):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    out = tmp_path / "out"
+    r = run_envbuilder("build", str(RECIPES / recipe), "--site", site(tmp_path, extra), "--no-build",
+                       "--out", str(out), "--force")
+    return r, out
+
+
+# --------------------------------------------------------------------------- catalog and profile
+
+def test_every_fabric_kind_is_in_the_catalog_with_sources():
+    cat = load_catalog()
+    assert set(cat.data["fabrics"]) == set(FABRICS)
+    for kind, entry in cat.data["fabrics"].items():
+        assert entry["sources"] and all(s in cat.sources for s in entry["sources"]), kind
+        assert entry["rdma"] == (kind != "tcp")
+    for entry in cat.data["nccl_plugins"]["aws-ofi-nccl"]["known_bad"]:
+        assert entry["sources"] and all(s in cat.sources for s in entry["sources"])
+    for tarball in cat.data["nccl_plugins"]["aws-ofi-nccl"]["tarballs"].values():
+        assert len(tarball["sha256"]) == 64 and tarball["sources"] == ["spack_aws_ofi_nccl"]
+
+
+def test_slingshot_profile_exports_the_centres_variables_and_env_overrides_them(tmp_path):
+    r, out = render(tmp_path, "fabric: slingshot\nenv: {NCCL_CROSS_NIC: \"0\"}\n"
+                              "bandwidth_floor: {inter_node: 15 GB/s, intra_node_nccl: 250 GB/s}\n")
+    assert r.code == 0, r.err
+    text = (out / "job.sbatch").read_text()
+    assert 'export ENVBUILDER_FABRIC="${ENVBUILDER_FABRIC:-slingshot}"' in text
+    for line in ('export FI_PROVIDER="${FI_PROVIDER:-cxi}"', 'export OMPI_MCA_pml="${OMPI_MCA_pml:-cm}"',
+                 'export OMPI_MCA_mtl="${OMPI_MCA_mtl:-ofi}"', 'export NCCL_NET="${NCCL_NET:-AWS Libfabric}"',
+                 'export FI_CXI_RX_MATCH_MODE="${FI_CXI_RX_MATCH_MODE:-software}"'):
+        assert line in text, line
+    # the profile's env wins over the catalog's default (CSCS's own sources disagree on it)
+    assert "NCCL_CROSS_NIC:-1" not in text and "export NCCL_CROSS_NIC=0" in text
+    assert 'ENVBUILDER_BANDWIDTH_FLOOR="${ENVBUILDER_BANDWIDTH_FLOOR:-inter_node=15 GB/s;intra_node_nccl=250 GB/s}"' in text
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck:
+        proc = subprocess.run([shellcheck, "--shell=bash", str(out / "job.sbatch")], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout
+
+
+def test_without_a_fabric_the_job_script_is_unchanged(tmp_path):
+    r, out = render(tmp_path, "")
+    assert r.code == 0, r.err
+    assert "ENVBUILDER_FABRIC" not in (out / "job.sbatch").read_text()
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("fabric: infiniband\n", "is not one of tcp, ib, roce, slingshot, efa"),
+    ("bandwidth_floor: {inter_node: fast}\n", "'fast' is not valid here"),
+    ("bandwidth_floor: {across: 1 GB/s}\n", "is not a known name here"),
+])
+def test_a_bad_fabric_or_floor_is_refused_naming_the_key(tmp_path, extra, message):
+    r, _ = render(tmp_path, extra)
+    assert r.code == 2 and message in r.err, r.err
+
+
+# --------------------------------------------------------------------------- what a rank sees
+
+# /proc/self/maps lines of a Horovod/MPI rank on tools/minicluster (Debian's Open MPI 4.1.4): with
+# OMPI_MCA_pml_base_verbose=10 the same rank printed "select: component ob1 selected"
+MAPS = "\n".join(
+    "7f00%04x-7f01 r-xp 00000000 00:2f 1234 /usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/%s" % (i, lib)
+    for i, lib in enumerate(["mca_pml_ob1.so", "mca_btl_self.so", "mca_btl_tcp.so", "mca_btl_vader.so",
+                             "mca_btl_sm.so", "mca_coll_tuned.so", "mca_osc_rdma.so"]))
+NO_DEVICE = {"dev_infiniband": False, "ib_devices": [], "cxi": False, "efa": False}
+
+
+def test_open_mpi_components_are_read_from_the_mapped_objects():
+    libs = fab.loaded_libraries(MAPS)
+    assert fab.mpi_components(libs) == {"pml": ["ob1"], "btl": ["self", "sm", "tcp", "vader"], "mtl": []}
+    layer = fab.mpi_layer(libs, NO_DEVICE)
+    assert layer["transport"] == "ob1/tcp" and layer["rdma"] is False
+    ucx = fab.mpi_layer(libs - {"mca_pml_ob1.so"} | {"mca_pml_ucx.so", "libuct_ib.so.0"},
+                        {**NO_DEVICE, "dev_infiniband": True})
+    assert ucx["transport"] == "ucx/ib" and ucx["rdma"] is True
+    assert fab.mpi_layer({"libc.so.6"}, NO_DEVICE) is None
+
+
+# NCCL_DEBUG=INFO lines: NVIDIA/nccl issue 527 (EC2 p4d, aws-ofi-nccl over EFA) and
+# awslabs/awsome-distributed-ai issue 292 (the plugin does not load: NCCL's internal sockets);
+# the IB/Socket lines in the form NCCL 2.20 prints them (public nccl-tests logs)
+NCCL_EFA = """\
+ip-10-216-179-87:417138:417176 [7] NCCL INFO NET/OFI Selected Provider is efa
+ip-10-216-179-87:417138:417176 [7] NCCL INFO Using network AWS Libfabric
+ip-10-216-179-87:417133:417180 [2] NCCL INFO NET/OFI Using aws-ofi-nccl 1.4.0aws
+"""
+NCCL_NO_PLUGIN = """\
+ [0] NCCL INFO NET/Plugin : dlerror=/opt/amazon/efa/lib/libfabric.so.1: version `FABRIC_1.7' not found (required by /fsx/lib/libnccl-net.so) No plugin found (libnccl-net.so), using internal implementation
+ [0] NCCL INFO NET/IB : No device found.
+ [0] NCCL INFO NET/Socket : Using [0]eth0:172.17.0.2<0>
+ [0] NCCL INFO Using network Socket
+"""
+NCCL_IB = """\
+gpu-a3:47021:47095 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB [RO]; OOB eth0:10.4.2.31<0>
+gpu-a3:47021:47095 [0] NCCL INFO Using network IB
+"""
+
+
+def test_nccl_network_is_parsed_from_its_init_log():
+    efa = fab.parse_nccl_log(NCCL_EFA)
+    assert efa["net"] == "AWS Libfabric" and efa["provider"] == "efa" and not efa["plugin_missing"]
+    assert fab.nccl_layer(efa)["rdma"] is True
+    sock = fab.parse_nccl_log(NCCL_NO_PLUGIN)
+    assert sock["net"] == "Socket" and sock["plugin_missing"] and sock["no_ib_device"]
+    layer = fab.nccl_layer(sock)
+    assert layer["rdma"] is False and layer["transport"] == "NET/Socket"
+    ib = fab.parse_nccl_log(NCCL_IB)
+    assert ib["net"] == "IB" and fab.nccl_layer(ib)["rdma"] is True
+    assert fab.parse_nccl_log("NCCL version 2.20.5+cuda12.4\n") is None
+
+
+# --------------------------------------------------------------------------- the report's checks
+
+def transport_check(tag, per_rank):
+    return {"name": "fabric.transport" + tag, "status": "pass",
+            "ranks": {str(r): {"status": "pass", "data": d} for r, d in enumerate(per_rank)}}
+
+
+def obs(host, **layers):
+    return {"host": host, "layers": layers, "devices": NO_DEVICE, "verbs_provider": False, "libfabric": []}
+
+
+TCP_MPI = {"transport": "ob1/tcp", "rdma": False, "pml": "ob1", "via": "btl tcp"}
+GLOO = {"transport": "tcp", "rdma": False, "by_design": True}
+
+
+def test_fabric_check_names_layer_node_and_cause_when_rdma_fell_back():
+    checks = [transport_check("[mpi]", [obs("n1", mpi=TCP_MPI), obs("n2", mpi=TCP_MPI)]),
+              transport_check("[gloo]", [obs("n1", gloo=GLOO), obs("n2", gloo=GLOO)])]
+    res = fab.judge(checks, "ib")
+    assert res["status"] == "fail"
+    assert "mpi on n1 fell back to ob1/tcp" in res["detail"] and "mpi on n2" in res["detail"]
+    assert "/dev/infiniband absent" in res["detail"] and "gloo on" not in res["detail"]
+    nccl = {"transport": "NET/Socket", "rdma": False, "plugin_missing": True}
+    res = fab.judge([transport_check("[mpi]", [obs("n1", nccl=nccl), obs("n2", nccl=nccl)])], "efa")
+    assert "nccl on n1 fell back to NET/Socket" in res["detail"] and "#241" in res["detail"]
+    # tcp promises nothing; one node does not cross the fabric
+    assert fab.judge(checks, "tcp")["status"] == "pass"
+    one = [transport_check("[mpi]", [obs("n1", mpi=TCP_MPI), obs("n1", mpi=TCP_MPI)])]
+    assert fab.judge(one, "ib")["status"] == "pass" and "one node" in fab.judge(one, "ib")["detail"]
+    assert fab.judge(checks, "") is None
+
+
+def bw_check(tag, busbw_gbps, hosts):
+    return [{"name": "perf.allreduce" + tag, "status": "pass",
+             "ranks": {"0": {"status": "pass", "data": {"sizes": [{"bytes": 16 << 20, "busbw_GBps": busbw_gbps}]}}}},
+            {"name": "horovod.init" + tag, "status": "pass",
+             "ranks": {str(i): {"status": "pass", "data": {"host": h}} for i, h in enumerate(hosts)}}]
+
+
+def test_floors_pass_and_fail_printing_measured_and_floor():
+    assert fab.parse_floors("inter_node=15 GB/s;intra_node_mpi=2.5 MB/s;x") == {"inter_node": 15e9,
+                                                                               "intra_node_mpi": 2.5e6}
+    checks = bw_check("[mpi]", 0.0487, ["n1", "n2"]) + bw_check("[gloo]", 0.0414, ["n1", "n1"])
+    out = {c["name"]: c for c in fab.floor_checks(checks, "inter_node=1 B/s;intra_node_gloo=1 TB/s")}
+    assert out["perf.floor[mpi]"]["status"] == "pass"
+    assert "measured 48.7 MB/s >= floor" in out["perf.floor[mpi]"]["detail"]
+    bad = out["perf.floor[gloo]"]
+    assert bad["status"] == "fail" and "measured 41.4 MB/s < floor 1000.00 GB/s (intra_node_gloo" in bad["detail"]
+    assert fab.floor_checks(checks, "") == []
+
+
+# --------------------------------------------------------------------------- the image
+
+def _without_hash(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if "sha256" not in line and "spec-sha256" not in line)
+
+
+@pytest.mark.parametrize("kind, recipe, runtime_pkgs, configure, devel_pkg", [
+    ("ib", "gpu.yaml", ["rdma-core", "libibverbs1", "ibverbs-providers", "librdmacm1", "libucx0", "ucx-utils"],
+     "--with-ucx=/usr", "libucx-dev"),
+    ("slingshot", "gpu.yaml", ["libfabric1"], "--with-ofi=/usr", "libfabric-dev"),
+    # Debian's Open MPI (cpu-torch): the packages only, no source build to configure
+    ("efa", "cpu-torch.yaml", ["libfabric1", "rdma-core", "libibverbs1", "ibverbs-providers"], None, None),
+])
+def test_an_rdma_fabric_puts_its_libraries_in_the_image_and_lints(tmp_path, kind, recipe, runtime_pkgs, configure,
+                                                                  devel_pkg):
+    from infra import venv_tool
+    r, out = render(tmp_path, f"fabric: {kind}\n", recipe=recipe)
+    assert r.code == 0, r.err
+    dockerfile = (out / "Dockerfile").read_text()
+    runtime = dockerfile[dockerfile.index("AS runtime"):]
+    install = next(line for line in runtime.splitlines() if "apt-get install" in line)
+    assert all(f" {p} " in install + " " for p in runtime_pkgs), install
+    devel = dockerfile[:dockerfile.index("AS runtime")]
+    if configure:
+        assert f"--with-pmix=internal {configure} " in dockerfile
+        assert devel_pkg in next(line for line in devel.splitlines() if "apt-get install" in line)
+    else:
+        assert "--with-ucx" not in dockerfile and "--with-ofi" not in dockerfile
+    proc = subprocess.run([venv_tool("hadolint"), "--no-color", "--format", "json", str(out / "Dockerfile")],
+                          capture_output=True, text=True)
+    assert [f for f in json.loads(proc.stdout or "[]") if f["code"] != "DL3008"] == []
+
+
+def test_fabric_tcp_leaves_the_image_as_it_was(tmp_path):
+    r1, plain = render(tmp_path / "a", "")
+    r2, tcp = render(tmp_path / "b", "fabric: tcp\n")
+    assert r1.code == 0 and r2.code == 0
+    assert _without_hash((plain / "Dockerfile").read_text()) == _without_hash((tcp / "Dockerfile").read_text())

@@ -101,16 +101,15 @@ class OciImages:
     def run(self, image: str, argv: list[str], env: dict[str, str] | None = None, stderr: bool = True) -> str:
         envs = [a for k, v in (env or {}).items() for a in ("--env", f"{k}={v}")]
         err = subprocess.STDOUT if stderr else subprocess.PIPE
+        limits = _ulimits()
         if self.name == "podman":
-            # --ulimit host: the default (nofile 1048576) is more than many machines let a process raise to
-            cmd = [self.oci.binary, "run", "--rm", "--pull=never", "--network", "host", "--ulimit", "host",
+            cmd = [self.oci.binary, "run", "--rm", "--pull=never", "--network", "host", *limits,
                    *envs, image, *argv]
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, errors="replace")
             if proc.returncode != 0:
                 raise RuntimeError((proc.stderr or proc.stdout or f"exit {proc.returncode}")[-600:])
             return proc.stdout
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        made = self.oci.run("from", "--pull=never", "--ulimit", f"nofile={soft}:{hard}", image, check=False)
+        made = self.oci.run("from", "--pull=never", *limits, image, check=False)
         if made.returncode != 0:
             raise RuntimeError(made.stderr.strip()[-600:] or f"buildah from: exit {made.returncode}")
         container = made.stdout.strip().splitlines()[-1]
@@ -122,6 +121,16 @@ class OciImages:
         if proc.returncode != 0:
             raise RuntimeError((proc.stderr or proc.stdout or f"exit {proc.returncode}")[-600:])
         return proc.stdout
+
+
+def _ulimits() -> list[str]:
+    """The container's limits: this process's own open files, at most buildah's usual 32768
+    processes. The engines' defaults (1048576 files; podman: the host's processes) are more than
+    many machines let a process set (runc: "error setting rlimit ... operation not permitted")."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    procs = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    procs = 32768 if procs in (resource.RLIM_INFINITY, -1) else min(procs, 32768)
+    return ["--ulimit", f"nofile={soft}:{hard}", "--ulimit", f"nproc={procs}:{procs}"]
 
 
 def _usable(name: str, gpu: bool, quiet: bool):

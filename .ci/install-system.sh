@@ -15,7 +15,8 @@ PACKAGES=(
     slurm-wlm munge      # one-node Slurm cluster
     shellcheck           # lints generated job wrappers
     charliecloud         # unprivileged container runtime used under Slurm
-    siftool squashfs-tools   # envbuilder build --sif: the SIF reference tool, mksquashfs
+    siftool squashfs-tools   # envbuilder build --sif: the SIF reference tool; unsquashfs (tests)
+    squashfs-tools-ng    # envbuilder build --sif: tar2sqfs (SquashFS from a tar stream, unprivileged), sqfs2tar
     squashfuse fuse3     # verify x.sif / job.sbatch: mount a SIF's SquashFS partition (fusermount3)
     procps               # pgrep/pkill used by the start scripts
     buildah podman       # daemonless, rootless engines: bit-identical images (engines/buildah.py)

@@ -77,7 +77,7 @@ def _build_args(p):
     p.add_argument("--tag", help="image tag (default: envbuilder/<name>:<spec hash>)")
     p.add_argument("--sif", action="store_true",
                    help="also write <folder>/<name>.sif from the built image (no Apptainer needed: "
-                        "mksquashfs + siftool); same as `targets: [sif]`")
+                        "tar2sqfs + siftool); same as `targets: [sif]`")
     from .lockcmd import add_force_option, add_lock_option
 
     add_lock_option(p)
@@ -131,16 +131,28 @@ def cmd_sif(args) -> int:
                               "give a `docker save` or OCI image archive (buildah push IMAGE oci-archive:FILE)")
     require_tools()
     tag = args.image or default_tag(manifest)
-    info = make_sif(folder, tag, docker=docker_cli(), archive=archive, quiet=args.json)
+    info = make_sif(folder, tag, docker=docker_cli(), archive=archive, quiet=args.json,
+                    max_unpacked=args.max_unpacked_size)
     if args.json:
         _print_json({"ok": True, **info})
     return 0
+
+
+def _size(text: str) -> int:
+    from .sif.layers import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 64G, 500M, 1T)") from None
 
 
 def _sif_args(p):
     p.add_argument("folder", help="output folder of `envbuilder build` (holds manifest.json)")
     p.add_argument("--image", metavar="REF", help="Docker image (default: the manifest's image.tag)")
     p.add_argument("--archive", metavar="FILE", help="an image archive instead: `docker save` or OCI (buildah)")
+    p.add_argument("--max-unpacked-size", metavar="SIZE", type=_size, default="64G",
+                   help="refuse an image whose files add up to more than SIZE (K/M/G/T; default 64G)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 

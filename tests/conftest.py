@@ -42,3 +42,10 @@ def write_spec(tmp_path):
         path.write_text(text)
         return path
     return _write
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The preset images the modules shared (infra.keep_for_run) go at the end of the run."""
+    from infra import remove_run_images
+
+    remove_run_images()

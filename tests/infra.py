@@ -9,11 +9,14 @@ In CI (``.ci/run`` exports ``ENVBUILDER_REQUIRE_ENGINES=1``) a missing engine is
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -210,3 +213,64 @@ def require_minicluster() -> dict:
         _unavailable("The multi-node cluster", (proc.stderr or proc.stdout).strip()[-300:],
                      "run tools/minicluster start (.ci/setup does)")
     return {"SLURM_CONF": f"{MINICLUSTER_ROOT}/etc/slurm.conf"}
+
+
+# --------------------------------------------------------------------------- another user's envbuilder
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def runtime_requirements() -> list[str]:
+    """envbuilder's own dependencies, as pyproject.toml lists them (what `pip install envbuilder`
+    brings a user on a login node)."""
+    import tomllib
+
+    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+
+
+def user_python(user: str, folder: Path) -> str:
+    """A virtual environment owned by USER in FOLDER (its parent writable by USER) with envbuilder's dependencies (the test's
+    own venv may lie where USER cannot read); envbuilder itself comes from the checkout through
+    PYTHONPATH. Made once per folder; returns its python."""
+    python = folder / "bin" / "python"
+    if not python.exists():
+        script = (f"/usr/bin/python3 -m venv {shlex.quote(str(folder))} && {shlex.quote(str(python))} -m pip "
+                  f"install -q --disable-pip-version-check " + " ".join(shlex.quote(r) for r in runtime_requirements()))
+        proc = subprocess.run(["runuser", "-u", user, "--", "env", "HOME=/tmp", "PATH=/usr/bin:/bin",
+                               "bash", "-c", script], capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, f"a venv for {user}: {proc.stderr[-2000:]}"
+    return str(python)
+
+
+# --------------------------------------------------------------------------- images kept for the run
+_RUN_IMAGES: dict[str, bool] = {}      # tag -> it was in the engine before this test run
+
+
+def keep_for_run(tag: str) -> None:
+    """Call before building TAG: the image stays until the end of the test run (conftest removes
+    it then, unless it was there before the run), so that every module building the same preset
+    finds the image itself, not only its build cache (a cached rebuild of a removed image still
+    exports and unpacks every layer again)."""
+    if tag not in _RUN_IMAGES:
+        _RUN_IMAGES[tag] = subprocess.run([docker_cli(), "image", "inspect", tag],
+                                          capture_output=True).returncode == 0
+
+
+def remove_run_images() -> None:
+    for tag, existed in _RUN_IMAGES.items():
+        if not existed:
+            subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
+    _RUN_IMAGES.clear()
+
+
+@contextlib.contextmanager
+def small_tmpfs(folder: Path, size: str):
+    """A file system of SIZE mounted at FOLDER (made here) for the test's body: a disk that fills.
+    Needs root; skips otherwise."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)

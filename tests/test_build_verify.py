@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import base_image, docker_cli, require_docker, wheelhouse
+from infra import base_image, docker_cli, keep_for_run, require_docker, wheelhouse
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
@@ -37,6 +37,9 @@ def ca_bundle(tmp_path_factory) -> Path:
 def build(recipe: Path, out: Path, ca: Path, *extra: str):
     require_docker()
     base_image()
+    probe = run_envbuilder("build", str(recipe), "--no-build", "--out", str(out))
+    assert probe.code == 0, probe.err
+    keep_for_run(json.loads((out / "manifest.json").read_text())["image"]["tag"])
     args = ["build", str(recipe), "--out", str(out), "--ca-bundle", str(ca)]
     return run_envbuilder(*args, *extra, timeout=2400)
 
@@ -48,7 +51,6 @@ def torch_image(tmp_path_factory, ca_bundle):
     assert r.code == 0, r.err[-3000:]
     info = json.loads((out / "image.json").read_text())
     yield out, info, r
-    docker("rmi", "-f", info["tag"], check=False)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,6 @@ def tf_image(tmp_path_factory, ca_bundle):
     assert r.code == 0, r.err[-3000:]
     info = json.loads((out / "image.json").read_text())
     yield out, info
-    docker("rmi", "-f", info["tag"], check=False)
 
 
 def verify(*args: str):

@@ -15,6 +15,7 @@ import json
 import os
 import pwd
 import re
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import base_image, docker_cli, require_binary, require_docker, wheelhouse
+from infra import base_image, docker_cli, require_binary, require_docker, runtime_requirements, wheelhouse
 
 CA_MARKER = "envbuilder-buildah-ca-marker-5d21e0"
 TAG = "localhost/envbuilder-buildah-test/cpu-torch:repro"
@@ -267,7 +268,8 @@ def test_rootless_podman_build_as_a_non_root_user(locked, tmp_path):
     # the user's own Python environment, as on a login node (the test's venv lives under /root)
     script = (
         "set -e; cd ~/work; "
-        "/usr/bin/python3 -m venv venv && venv/bin/pip install -q PyYAML docker packaging spython; "
+        "/usr/bin/python3 -m venv venv && venv/bin/pip install -q "
+        + " ".join(shlex.quote(r) for r in runtime_requirements()) + "; "
         f"podman pull -q docker-archive:{base} >/dev/null; "
         f"podman tag $(podman images -q | head -1) {base_image()}; "
         f"PYTHONPATH={repo} venv/bin/python -m envbuilder build {spec.name} --out out --engine podman "

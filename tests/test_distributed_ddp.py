@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import base_image, docker_cli, require_binary, require_docker, require_slurm, wheelhouse
+from infra import keep_for_run, base_image, docker_cli, require_binary, require_docker, require_slurm, wheelhouse
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 RECIPE = RECIPES / "cpu-torch-ddp.yaml"
@@ -42,14 +42,12 @@ def ddp_image(tmp_path_factory):
     probe = run_envbuilder("build", str(RECIPE), "--no-build", "--out", str(out))
     assert probe.code == 0, probe.err
     tag = json.loads((out / "manifest.json").read_text())["image"]["tag"]
-    existed = docker("image", "inspect", tag, check=False).returncode == 0
+    keep_for_run(tag)
     t0 = time.time()
     r = run_envbuilder("build", str(RECIPE), "--out", str(out), "--ca-bundle", CA_BUNDLE,
                        "--wheelhouse", wheelhouse(), timeout=2400)
     assert r.code == 0, r.err[-3000:]
     yield out, tag, time.time() - t0
-    if not existed:
-        docker("rmi", "-f", tag, check=False)
 
 
 def verify(*args: str, timeout: int = 600):

@@ -5,13 +5,12 @@ exact all_reduce, a data-parallel run whose loss falls with identical weights on
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import base_image, docker_cli, require_docker
+from infra import keep_for_run, base_image, require_docker
 
 RECIPE = RECIPES / "cpu-tf-multiworker.yaml"
 
@@ -24,13 +23,11 @@ def tf_mw_image(tmp_path_factory):
     probe = run_envbuilder("build", str(RECIPE), "--no-build", "--out", str(out))
     assert probe.code == 0, probe.err
     tag = json.loads((out / "manifest.json").read_text())["image"]["tag"]
-    existed = subprocess.run([docker_cli(), "image", "inspect", tag], capture_output=True).returncode == 0
+    keep_for_run(tag)
     r = run_envbuilder("build", str(RECIPE), "--out", str(out), "--ca-bundle",
                        "/etc/ssl/certs/ca-certificates.crt", timeout=2400)
     assert r.code == 0, r.err[-3000:]
     yield out
-    if not existed:
-        subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
 
 
 def test_two_workers_of_multiworker_mirrored_strategy(tf_mw_image, tmp_path):

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import (MINICLUSTER_ROOT, SMOKE_VENV_PYTHON, base_image, docker_cli, long_build, require_binary,
+from infra import (keep_for_run, MINICLUSTER_ROOT, SMOKE_VENV_PYTHON, base_image, long_build, require_binary,
                    require_docker, require_minicluster, wheelhouse)
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -280,7 +280,7 @@ def built_image(shared: Path, recipe: str):
     probe = run_envbuilder("build", str(RECIPES / recipe), *SITE, "--no-build", "--out", str(out))
     assert probe.code == 0, probe.err
     tag = json.loads((out / "manifest.json").read_text())["image"]["tag"]
-    existed = subprocess.run([docker_cli(), "image", "inspect", tag], capture_output=True).returncode == 0
+    keep_for_run(tag)
     r = run_envbuilder("build", str(RECIPES / recipe), *SITE, "--out", str(out),
                        "--ca-bundle", CA_BUNDLE, "--wheelhouse", wheelhouse(), timeout=2400)
     assert r.code == 0, r.err[-3000:]
@@ -291,8 +291,6 @@ def built_image(shared: Path, recipe: str):
     finally:
         for made in set(cache.iterdir()) - before if cache.is_dir() else ():
             shutil.rmtree(made, ignore_errors=True)
-        if not existed:
-            subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
 
 
 @pytest.fixture(scope="module")

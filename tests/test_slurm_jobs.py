@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import (SMOKE_VENV_PYTHON, base_image, docker_cli, require_binary, require_docker, require_slurm,
+from infra import (keep_for_run, SMOKE_VENV_PYTHON, base_image, require_binary, require_docker, require_slurm,
                    smoke_python, wheelhouse)
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -113,13 +113,11 @@ def torch_image(tmp_path_factory):
     probe = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(out))
     assert probe.code == 0, probe.err
     tag = json.loads((out / "manifest.json").read_text())["image"]["tag"]
-    existed = subprocess.run([docker_cli(), "image", "inspect", tag], capture_output=True).returncode == 0
+    keep_for_run(tag)
     r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out), "--ca-bundle", CA_BUNDLE,
                        "--wheelhouse", wheelhouse(), timeout=2400)
     assert r.code == 0, r.err[-3000:]
     yield out, tag
-    if not existed:
-        subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
 
 
 def test_verify_slurm_charliecloud_two_ranks_over_pmix(torch_image, tmp_path):

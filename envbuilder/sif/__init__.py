@@ -1,12 +1,14 @@
 """The .sif that jobs run with `apptainer exec` / `singularity exec`, written without Apptainer.
 
-    rootfs.py     image -> root folder: the layers of `docker save` (or an OCI archive) applied
-                  in order, whiteouts honoured; the image config (ENV, CMD, labels, arch)
-    metadata.py   /.singularity.d in that root folder, in the layout Apptainer's docker
+    rootfs.py     the archive (`docker save` or OCI): its JSON checked, the image config (ENV,
+                  CMD, labels, arch), its layers opened (compressed ones decompressed once)
+    layers.py     the layers' headers -> one tree in memory (OCI whiteout rules, paths and
+                  links resolved inside the tree, size bounded), emitted as one tar stream
+    metadata.py   /.singularity.d added to that tree, in the layout Apptainer's docker
                   conversion writes (env scripts with the image's ENV, runscript, labels, test)
     layout.py     the SIF file format: reading the header and descriptors, fixing the
                   header's times and ID (what `siftool` cannot set)
-    build.py      `envbuilder build --sif`: mksquashfs + siftool, atomically into the folder
+    build.py      `envbuilder build --sif`: tar stream -> tar2sqfs, + siftool, atomically
     check.py      `envbuilder verify x.sif`: the expected objects, and the SquashFS partition
                   mounted (squashfuse, at its offset) for charliecloud
 

@@ -1,8 +1,10 @@
 """`envbuilder build SPEC --sif` (or `targets: [sif]`): after the image is built, write
 `<folder>/<name>.sif` from it, the way `apptainer build x.sif docker-daemon://TAG` would:
 
-    1. the image's layers -> a root folder (rootfs.py), /.singularity.d added (metadata.py)
-    2. mksquashfs -> the SquashFS, every time fixed (Apptainer: assemblers/sif.go, -comp gzip)
+    1. the image's layers -> one tree in memory (rootfs.py, layers.py: headers only, nothing
+       extracted), /.singularity.d added to it (metadata.py)
+    2. that tree as one tar stream -> tar2sqfs -> the SquashFS, owners as in the image, every
+       time fixed (Apptainer: assemblers/sif.go, gzip); no root needed
     3. siftool new/add -> the SIF: Def.FILE, JSON.Labels, JSON.Generic (envbuilder manifest,
        oci-config.json), SBOM (CycloneDX), FS (SquashFS, *System, the image's arch); group 1
     4. the header's launch script, UUID and times fixed (layout.py), then renamed into place
@@ -17,6 +19,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -27,15 +30,16 @@ from pathlib import Path
 from .. import __version__
 from ..errors import CheckFailed, EnvbuilderError
 from ..paths import MANIFEST_IN_IMAGE, SMOKE_DIR
-from . import layout, metadata, rootfs
+from . import layers, layout, metadata, rootfs
 
 SUITE_MODULE = SMOKE_DIR
 IMAGE_MANIFEST = MANIFEST_IN_IMAGE
-TOOLS = {"mksquashfs": "squashfs-tools", "siftool": "siftool", "tar": "tar"}
-ROOM_FACTOR = 2.5        # the saved archive, the unpacked root and the SquashFS, side by side
+TOOLS = {"tar2sqfs": "squashfs-tools-ng", "siftool": "siftool"}
+ROOM_FACTOR = 2.0        # the saved archive and the SquashFS, side by side
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")     # a plain file name
 
 
-def require_tools(names=("mksquashfs", "siftool", "tar")) -> dict[str, str]:
+def require_tools(names=("tar2sqfs", "siftool")) -> dict[str, str]:
     found = {}
     for name in names:
         path = shutil.which(name)
@@ -105,14 +109,43 @@ def check_room(folder: Path, need: int) -> None:
                           f"about {need / 1e9:.1f} GB", "free disk space there, or use --out DIR elsewhere")
 
 
-def squashfs(mksquashfs: str, root: Path, dest: Path, epoch: int) -> None:
-    # -comp gzip: Apptainer's default (assemblers/sif.go), readable by every kernel and
-    # squashfuse; level 1 instead of 9: 8x less CPU for 8 % more bytes (measured on the Debian
-    # base: 2.2 s vs 17.4 s user, 51.8 vs 47.7 MB). Every inode time and the file system's own
-    # time fixed; mksquashfs sorts each folder and is reproducible by default
-    _run([mksquashfs, str(root), str(dest), "-noappend", "-comp", "gzip", "-Xcompression-level", "1",
-          "-no-progress", "-quiet",
-          "-all-time", str(epoch), "-mkfs-time", str(epoch), "-no-xattrs"], "mksquashfs")
+def squashfs(tar2sqfs: str, tree: layers.Tree, layer_file, dest: Path, epoch: int) -> None:
+    """TREE -> DEST through tar2sqfs (squashfs-tools-ng), fed one tar stream on its stdin.
+    gzip: Apptainer's default (assemblers/sif.go), readable by every kernel and squashfuse;
+    level 1 instead of 9: 8x less CPU for 8 % more bytes (measured with mksquashfs on the Debian
+    base: 2.2 s vs 17.4 s user, 51.8 vs 47.7 MB). Every time is EPOCH (the stream's and
+    --defaults' mtime, which is also the super block's), one compressor job (the same bytes
+    every run), owners and modes from the stream, xattrs dropped (as mksquashfs -no-xattrs did);
+    --no-skip: a record tar2sqfs cannot read is an error, not a missing file."""
+    cmd = [tar2sqfs, "--quiet", "--no-skip", "--no-xattr", "--compressor", "gzip", "--comp-extra", "level=1",
+           "--num-jobs", "1", "--defaults", f"uid=0,gid=0,mode=0755,mtime={epoch}", str(dest)]
+    errfile = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errfile)
+    try:
+        try:
+            layers.emit(tree, proc.stdin, layer_file, epoch)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass                                   # tar2sqfs stopped: its message follows
+        code = proc.wait()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        if proc.stdin and not proc.stdin.closed:
+            try:
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+    errfile.seek(0)
+    err = errfile.read().decode("utf-8", "replace").strip()
+    errfile.close()
+    if code != 0:
+        if "No space left" in err:
+            raise _no_room(dest.parent, "tar2sqfs")
+        raise CheckFailed("sif: tar2sqfs", f"tar2sqfs failed (exit {code}): " + (err[-600:] or "no message"),
+                          "see the message above")
 
 
 def assemble(siftool: str, dest: Path, *, deffile: bytes, labels: dict, manifest: dict,
@@ -137,40 +170,54 @@ def assemble(siftool: str, dest: Path, *, deffile: bytes, labels: dict, manifest
           "--filename", "rootfs.squashfs", str(dest), str(partition)], "siftool add rootfs")
 
 
+def sif_name(manifest: dict) -> str:
+    """The manifest's `name`, which becomes a file name: a plain one (no folder, no /)."""
+    name = manifest.get("name") or "image"
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name in (".", ".."):
+        raise EnvbuilderError("manifest.json: name", f"{str(name)[:80]!r} is not a plain file name",
+                              "use letters, digits, '.', '_' or '-' (as `envbuilder build` writes it)")
+    return name
+
+
 def make_sif(folder: Path, tag: str, *, docker: str = "docker", archive: Path | None = None,
-             quiet: bool = False) -> dict:
+             quiet: bool = False, max_unpacked: int = layers.DEFAULT_MAX_UNPACKED) -> dict:
     """Write FOLDER/<name>.sif from the Docker image TAG (or an OCI/docker ARCHIVE)."""
     tools = require_tools()
     folder = Path(folder)
     manifest = json.loads((folder / "manifest.json").read_text())
-    name = manifest.get("name") or "image"
+    if not isinstance(manifest, dict):
+        raise EnvbuilderError("manifest.json", "is not a JSON object", "rebuild the folder: envbuilder build SPEC")
+    name = sif_name(manifest)
     epoch = source_date_epoch(manifest)
     dest = folder / f"{name}.sif"
-    size = archive.stat().st_size if archive else _image_size(docker, tag)
-    check_room(folder, int(size * ROOM_FACTOR))
+    if archive is None:
+        check_room(folder, int(_image_size(docker, tag) * ROOM_FACTOR))
+    else:
+        metadata.definition("oci-archive", archive.name)       # a name that cannot go in Def.FILE
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix=f".{name}.sif-work.", dir=folder))
     tmp_sif = work.parent / f".{name}.sif.partial-{os.getpid()}"
     try:
-        root = work / "root"
-        root.mkdir()
         from_engine = archive is None
         if from_engine:
             archive = work / "image.tar"
             rootfs.save_docker_image(docker, tag, archive)
-        config = rootfs.unpack(archive, root, work)
+        with rootfs.Layers(archive, work, max_unpacked) as image:
+            tree, config = image.flatten()
+            # the SquashFS is never bigger than what it holds (plus its tables)
+            check_room(folder, layers.total_size(tree) + (8 << 20))
+            # the source as Apptainer names it: docker-daemon:TAG, or the archive's format and file
+            bootstrap, source = ("docker-daemon", tag) if from_engine else (config.archive_format, archive.name)
+            deffile = metadata.definition(bootstrap, source)
+            label_map = metadata.labels(config, bootstrap, source, epoch,
+                                        f"envbuilder {__version__} (siftool, tar2sqfs)")
+            metadata.insert(tree, config, deffile=deffile, label_map=label_map, suite_module=SUITE_MODULE,
+                            manifest=IMAGE_MANIFEST)
+            part = work / "rootfs.squashfs"
+            squashfs(tools["tar2sqfs"], tree, image.layer, part, epoch)
+        del tree
         if from_engine:
             archive.unlink()
-        # the source as Apptainer names it: docker-daemon:TAG, or the archive's format and file
-        bootstrap, source = ("docker-daemon", tag) if from_engine else (config.archive_format, archive.name)
-        deffile = metadata.definition(bootstrap, source)
-        label_map = metadata.labels(config, bootstrap, source, epoch,
-                                    f"envbuilder {__version__} (siftool, mksquashfs)")
-        metadata.insert(root, config, deffile=deffile, label_map=label_map, suite_module=SUITE_MODULE,
-                        manifest=IMAGE_MANIFEST)
-        part = work / "rootfs.squashfs"
-        squashfs(tools["mksquashfs"], root, part, epoch)
-        shutil.rmtree(root)
         assemble(tools["siftool"], tmp_sif, deffile=deffile, labels=label_map,
                  manifest=manifest, oci_config=config.raw, sbom=cyclonedx(manifest), partition=part,
                  arch=config.architecture, work=work)

@@ -22,12 +22,13 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime, timezone
-from pathlib import Path
-
-from ..quoting import metadata_dq, metadata_words
+from ..errors import CheckFailed
+from ..quoting import apptainer_text, metadata_dq, metadata_words
+from . import layers
+from .layers import Tree
 from .rootfs import ImageConfig
 
-VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")      # Apptainer's variableRegex
+VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")      # Apptainer's variableRegex (fullmatch: no final newline)
 
 SOURCE_ENV = """\
 for script in /.singularity.d/env/*.sh; do
@@ -89,7 +90,7 @@ def docker_env_script(env: list[str]) -> str:
     lines = ["#!/bin/sh", "# the image's ENV (docker conversion)"]
     for item in env:
         name, sep, value = item.partition("=")
-        if not VARIABLE.match(name):
+        if not VARIABLE.fullmatch(name):
             continue                                 # Apptainer skips such names too
         if not sep:
             lines.append(f'export {name}="${{{name}:-}}"')
@@ -125,6 +126,7 @@ def test_script(suite_module: str, manifest: str) -> str:
 def definition(bootstrap: str, source: str) -> bytes:
     """What Apptainer records for `apptainer build x.sif BOOTSTRAP:SOURCE` (a URI build:
     pkg/build/types/definition.go NewDefinitionFromURI keeps just these two header lines)."""
+    source = apptainer_text(source, "--archive (its file name)")
     return f"bootstrap: {bootstrap}\nfrom: {source}\n".encode()
 
 
@@ -144,39 +146,38 @@ def labels(config: ImageConfig, bootstrap: str, source: str, epoch: int, writer:
     return dict(sorted(out.items()))
 
 
-def _write(path: Path, text: str | bytes, mode: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_symlink() or path.exists():
-        path.unlink()
-    path.write_bytes(text.encode() if isinstance(text, str) else text)
-    path.chmod(mode)
-
-
-def insert(root: Path, config: ImageConfig, *, deffile: bytes, label_map: dict, suite_module: str,
+def insert(tree: Tree, config: ImageConfig, *, deffile: bytes, label_map: dict, suite_module: str,
            manifest: str) -> None:
-    """Write /.singularity.d and its symlinks into ROOT."""
+    """/.singularity.d and its links, into the image's TREE (layers.py; nothing on disk).
+
+    /.singularity.d is the SIF's own: any link or file the image has on the way is replaced by a
+    real folder, and the files replace what the image had there, so an image cannot send them
+    elsewhere. The folders Apptainer expects (dev, proc, etc...) and the bind targets
+    /etc/hosts, /etc/resolv.conf are added only where the image lacks them: a link of the image
+    that leads to a folder of the image is followed (inside the tree), one that leads nowhere in
+    the image is replaced by a folder. The six links at / replace a link of the image, not a
+    file or folder."""
     for folder in FOLDERS:
-        p = root / folder
-        if not (p.exists() or p.is_symlink()):
-            p.mkdir(mode=0o755, parents=True)
+        layers.ensure_folder(tree, folder, follow=not folder.startswith(".singularity.d"))
     for name, target in SYMLINKS.items():
-        link = root / name
-        if link.is_symlink() and str(link.readlink()) != target:
-            link.unlink()
-        if not (link.exists() or link.is_symlink()):
-            link.symlink_to(target)
+        node = tree.root.children.get(name)
+        if node is None or node.kind == "symlink":
+            layers.add_symlink(tree, name, target)
     for name in ("etc/hosts", "etc/resolv.conf"):       # bind targets Apptainer expects
-        p = root / name
-        if not (p.exists() or p.is_symlink()):
-            _write(p, "", 0o644)
-    sd = root / ".singularity.d"
-    for name, text in ACTIONS.items():
-        _write(sd / "actions" / name, text, 0o755)
-    for name, text in ENV_FILES.items():
-        _write(sd / "env" / name, text, 0o755)
-    _write(sd / "env" / "10-docker2singularity.sh", docker_env_script(config.env), 0o755)
-    _write(sd / "runscript", runscript(config), 0o755)
-    _write(sd / "startscript", "#!/bin/sh\n", 0o755)
-    _write(sd / "test", test_script(suite_module, manifest), 0o755)
-    _write(sd / "Singularity", deffile, 0o644)
-    _write(sd / "labels.json", json.dumps(label_map, indent="\t"), 0o644)
+        try:
+            present = tree.get(name) is not None
+        except CheckFailed:                              # a link loop on the way
+            present = False
+        if not present:
+            layers.add_file(tree, name, b"", 0o644, follow_parents=True)
+    sd = ".singularity.d"
+    files = [(f"{sd}/actions/{name}", text, 0o755) for name, text in ACTIONS.items()]
+    files += [(f"{sd}/env/{name}", text, 0o755) for name, text in ENV_FILES.items()]
+    files += [(f"{sd}/env/10-docker2singularity.sh", docker_env_script(config.env), 0o755),
+              (f"{sd}/runscript", runscript(config), 0o755),
+              (f"{sd}/startscript", "#!/bin/sh\n", 0o755),
+              (f"{sd}/test", test_script(suite_module, manifest), 0o755),
+              (f"{sd}/Singularity", deffile, 0o644),
+              (f"{sd}/labels.json", json.dumps(label_map, indent="\t"), 0o644)]
+    for path, text, mode in files:
+        layers.add_file(tree, path, text.encode() if isinstance(text, str) else text, mode)

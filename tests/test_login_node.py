@@ -12,6 +12,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -196,7 +197,7 @@ def test_the_docker_socket_is_out_of_reach(login):
     assert p.returncode != 0, "the test user can reach the Docker socket"
 
 
-def test_refusals_as_the_user_before_any_work(login, tmp_path):
+def test_refusals_as_the_user_before_any_work(login):
     eb = f"{login['python']} -m envbuilder"
     spec = login["spec"]
     # XDG_RUNTIME_DIR not the user's
@@ -205,15 +206,14 @@ def test_refusals_as_the_user_before_any_work(login, tmp_path):
     assert p.returncode == 2 and "XDG_RUNTIME_DIR=/root" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert not (login["work"] / "refused").exists()
     # a user without subordinate ids (nobody)
-    shared = tmp_path / "nobody"
-    shared.mkdir()
+    shared = Path(tempfile.mkdtemp(prefix="envbuilder-nobody-", dir="/tmp"))
     shutil.copy(spec, shared / spec.name)
-    os.chmod(tmp_path, 0o755)
     os.chown(shared, pwd.getpwnam("nobody").pw_uid, -1)
     p = subprocess.run(["runuser", "-u", "nobody", "--", "env", "-i", "PATH=/usr/bin:/bin", f"HOME={shared}",
                         f"PYTHONPATH={ROOT}", "bash", "-c",
                         f"cd {shared} && {login['python']} -m envbuilder lock {spec.name} --engine podman"],
                        capture_output=True, text=True)
+    shutil.rmtree(shared, ignore_errors=True)
     assert p.returncode == 2 and "user nobody has no subordinate uids in /etc/subuid" in p.stderr, p.stderr
 
 

@@ -4,8 +4,8 @@ for -- or, with none named, the first usable of Docker, podman, buildah -- after
 login node needs (engines/rootless.py); when none is usable, one message names what was tried.
 
 The three answer alike for one image: its ID (a docker archive keeps it), and a registry digest
-only where the image came from a registry (podman and buildah name every local image
-``localhost/...``; Docker has no RepoDigests for a loaded image). The resolution containers run
+only where the registry serves it (Docker has no RepoDigests for a loaded image; podman and
+buildah give every image a digest, so theirs count when the registry confirms it: OciImages._served). The resolution containers run
 with the network (Docker's bridge; the host's for podman and buildah, as their builds do).
 """
 
@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 from ..errors import CheckFailed, EnvbuilderError
+from ..lock.base import registry_digest
 from .buildah import OciEngine
 from .docker import engine as docker_engine
 from .rootless import preflight
@@ -89,9 +90,23 @@ class OciImages:
             names = listing[0].get("names") or [] if listing else []
             digest = listing[0].get("digest") if listing else None
             found = []
-        # a local image (loaded from an archive, built here) is named localhost/...: no registry digest
         found += [f"{_repo(n)}@{digest}" for n in names if digest and not n.startswith("localhost/")]
-        return {"id": image_id, "repo_digests": sorted(set(found))}
+        return {"id": image_id, "repo_digests": self._served(ref, found)}
+
+    @staticmethod
+    def _served(ref: str, found: list[str]) -> list[str]:
+        """podman and buildah give every image a digest, a loaded archive too (under docker.io/...
+        when the archive names it so), and keep no record of where it came from: a digest is a
+        registry digest when the registry serves it for REF (Docker's RepoDigests: pulled images
+        only). Unreachable registry: none, so the lock names the image ID as Docker's does for a
+        loaded image."""
+        if not found:
+            return []
+        try:
+            served = registry_digest(ref, timeout=10)
+        except EnvbuilderError:
+            return []
+        return sorted({d for d in found if d.partition("@")[2] == served})
 
     def pull(self, ref: str) -> None:
         proc = self.oci.run("pull", "--quiet", ref, check=False, timeout=1800)

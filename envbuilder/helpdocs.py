@@ -7,12 +7,12 @@ from __future__ import annotations
 DOCS: dict[str, str] = {
     "": "README.md; the guides by task: docs/README.md; every spec key: docs/spec.md",
     "check": "docs/writing-a-spec.md; every key and the rules that read it: docs/spec.md",
-    "build": "docs/engines.md; job scripts and site profiles: docs/jobs.md",
+    "build": "docs/engines.md; job scripts and site profiles: docs/jobs.md; without Docker or root: docs/login-node.md",
     "sif": "docs/sif.md",
     "presets": "docs/writing-a-spec.md#presets-recipes-generated-files-in-images",
     "schema": "docs/spec.md (the same schema as a page)",
     "verify": "docs/verify.md",
-    "lock": "docs/lock.md",
+    "lock": "docs/lock.md; with podman or buildah, rootless: docs/login-node.md",
     "diff": "docs/lock.md",
 }
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from .engines.context import check_inputs
 from .engines.docker import engine
+from .engines.images import AUTO_ORDER, image_engine
 from .engines.options import BuildOptions
-from .errors import CheckFailed
 from .generate import generate
 from .lock.base import check_engine_base
 from .lock.diff import compare, identity_line, image_identity, load_any, table
@@ -65,12 +65,16 @@ def _say(quiet: bool):
     return (lambda m: None) if quiet else (lambda m: print(f"  resolving {m}", file=sys.stderr, flush=True))
 
 
-def _client(required_for: str):
-    """The Docker engine the lock's resolvers use (handed to them: the lock imports no engine)."""
-    try:
-        return engine()
-    except CheckFailed as exc:
-        raise CheckFailed(exc.field, f"{exc.reason} (needed to lock {required_for})", exc.fix) from None
+def _engines(name: str | None, stack, quiet: bool):
+    """``client(why)`` for the lock's resolvers: the engine ``name`` (docker, podman, buildah; None:
+    the first usable), made on first use and then kept (handed to them: the lock imports no engine)."""
+    made: list = []
+
+    def client(required_for: str):
+        if not made:
+            made.append(image_engine(name, required_for, gpu=stack.spec.cuda is not None, quiet=quiet))
+        return made[0]
+    return client
 
 
 # --- build ----------------------------------------------------------------------------------
@@ -81,20 +85,24 @@ def existing_lock(path: Path):
 
 
 def ensure_locked(opts: BuildOptions, spec, folder: Path, out, path: Path):
-    """Before a real build: resolve and write a lock when there is none (Docker engine and network
+    """Before a real build: resolve and write a lock when there is none (an engine, --engine, and the network
     needed), and check a local base image is still the one the lock names. Returns the output."""
 
     lock = out.stack.lock
     if opts.engine == "apptainer":
         if lock is None:
             print("warning: no envbuilder.lock: building with the spec's pins only (`envbuilder lock` "
-                  "resolves one; it needs a Docker engine)", file=sys.stderr)
+                  "resolves one with Docker, podman or buildah: docs/login-node.md)", file=sys.stderr)
         return out
     quiet = opts.quiet
+    # the engine first: on a login node every refusal (subordinate ids, runtime folder, storage)
+    # comes before any work
+    client = _engines(opts.engine, out.stack, quiet)
+    resolver = client("the build")
     if lock is None:
         started = time.monotonic()
         check_inputs(opts.ca_bundle, opts.wheelhouse)
-        lock = resolve_lock(out.stack, needs(out.stack), client=_client, progress=_say(quiet),
+        lock = resolve_lock(out.stack, needs(out.stack), client=client, progress=_say(quiet),
                             sources=source_tarballs(out.stack), prefer=bootstrap_prefer(out.stack),
                             **_resolver_options(opts))
         check_framework(out.stack, lock)
@@ -103,12 +111,12 @@ def ensure_locked(opts: BuildOptions, spec, folder: Path, out, path: Path):
         if path.parent.resolve() != folder.resolve():
             write_folder(path.parent, {path.name: dump(lock).encode()}, force=opts.force)
         if not quiet:
-            print(f"locked {spec.name} in {time.monotonic() - started:.0f} s: {summary(lock)} -> {path}")
+            print(f"locked {spec.name} with {resolver.name} in {time.monotonic() - started:.0f} s: "
+                  f"{summary(lock)} -> {path}")
     if opts.engine in ("buildah", "podman"):
-        return out       # no Docker engine needed: engines/buildah.py checks the base in its own storage
-    client = _client("the build")
+        return out       # engines/buildah.py checks (or copies in) the base in its own storage
     for entry in lock.base.values():
-        check_engine_base(entry, client)
+        check_engine_base(entry, resolver)
     return out
 
 
@@ -139,6 +147,9 @@ def lock_args(p) -> None:
     p.add_argument("--ca-bundle", help="CA bundle for reaching the index (TLS-intercepting proxies)")
     p.add_argument("--conda-lockfile", metavar="FILE",
                    help="use this conda-lock lockfile for the spec's conda packages (made where channels are reachable)")
+    p.add_argument("--engine", choices=list(AUTO_ORDER),
+                   help="the container engine that resolves the base image and the OS packages (default: the "
+                        "first usable of docker, podman, buildah; rootless podman/buildah: docs/login-node.md)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_force_option(p)
 
@@ -167,7 +178,7 @@ def cmd_lock(args) -> int:
     opts = build_options(args)
     check_inputs(opts.ca_bundle, opts.wheelhouse)
     started = time.monotonic()
-    lock = resolve_lock(stack, needs(stack), client=_client, previous=previous, update=args.update,
+    lock = resolve_lock(stack, needs(stack), client=_engines(args.engine, stack, args.json), previous=previous, update=args.update,
                         progress=_say(args.json), sources=source_tarballs(stack), prefer=bootstrap_prefer(stack),
                         **_resolver_options(opts))
     seconds = time.monotonic() - started
@@ -184,7 +195,8 @@ def cmd_lock(args) -> int:
                                      "conda": len(lock.conda_packages())},
                           "changes": changes}, indent=2))
         return 0
-    print(f"locked {spec.name} in {seconds:.0f} s: {summary(lock)} -> {path}")
+    print(f"locked {spec.name} in {seconds:.0f} s: {summary(lock)} -> {path}"
+          + (f" (engine: {lock.resolvers['engine']})" if lock.resolvers.get("engine") else ""))
     if previous is not None:
         n = len(changes["changed"]) + len(changes["added"]) + len(changes["removed"])
         print(f"  {n} {'entry' if n == 1 else 'entries'} changed" if n else "  no entry changed")

@@ -9,6 +9,12 @@ the steps themselves live where they belong (generate.py, output.py, lockcmd.py,
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -57,6 +63,62 @@ def make_sif_of(folder: Path, image: dict, opts: BuildOptions) -> dict:
     return make_sif(folder, image["tag"], docker=docker_cli(), quiet=opts.quiet)
 
 
+def _filesystems(paths: list[Path]) -> dict[int, Path]:
+    """One existing path per file system (st_dev) among PATHS (or their nearest existing parent)."""
+    found: dict[int, Path] = {}
+    for p in paths:
+        while not p.exists() and p != p.parent:
+            p = p.parent
+        found.setdefault(os.stat(p).st_dev, p)
+    return found
+
+
+@contextmanager
+def _step(steps: list[dict], name: str, paths: list[Path]):
+    """Time a step and sample the used space of the file systems it writes to (every 0.5 s):
+    ``disk_gb`` is the peak growth over the step (other users of the disk count too: an upper bound)."""
+    fss = _filesystems(paths)
+    start = {dev: shutil.disk_usage(p).used for dev, p in fss.items()}
+    peak = dict(start)
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.5):
+            for dev, p in fss.items():
+                peak[dev] = max(peak[dev], shutil.disk_usage(p).used)
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
+        for dev, p in fss.items():
+            peak[dev] = max(peak[dev], shutil.disk_usage(p).used)
+        steps.append({"step": name, "seconds": round(time.monotonic() - started, 1),
+                      "disk_gb": round(sum(peak[d] - start[d] for d in fss) / 1e9, 2),
+                      "disk_end_gb": round(sum(shutil.disk_usage(p).used - start[d] for d, p in fss.items()) / 1e9, 2)})
+
+
+def _storage_paths(opts: BuildOptions, folder: Path) -> list[Path]:
+    """Where a step writes: the output folder, and the engine's storage (buildah/podman)."""
+    paths = [folder]
+    if opts.engine in ("buildah", "podman"):
+        from .engines.buildah import OciEngine
+
+        try:
+            paths.append(OciEngine(opts.engine).graph_root())
+        except Exception:  # noqa: BLE001 - the figures are best effort; the build reports the error
+            pass
+    return paths
+
+
+def print_steps(steps: list[dict]) -> None:
+    print("steps: " + "; ".join(f"{s['step']} {s['seconds']:.0f} s, peak disk +{s['disk_gb']:.2f} GB"
+                                for s in steps), file=sys.stderr, flush=True)
+
+
 def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None] | None = None) -> dict:
     """Run the build steps in order; return the result `build --json` prints. Raises
     EnvbuilderError (bad input, exit 2) or CheckFailed (a failed step, exit 1); what an earlier
@@ -86,10 +148,27 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
         from .sif.build import require_tools
 
         require_tools()                   # before an hour of build, not after
-    out = ensure_locked(req.opts, spec, folder, out, path)      # no lock yet: resolve and write one
-    from .engines import build_image
+    steps: list[dict] = []
+    result["steps"] = steps
+    paths = _storage_paths(req.opts, folder)
+    try:
+        with _step(steps, "lock", paths):
+            out = ensure_locked(req.opts, spec, folder, out, path)      # no lock yet: resolve and write one
+        from .engines import build_image
 
-    result["image"] = build_image(folder, out, req.opts)
-    if sif_now:
-        result["sif"] = make_sif_of(folder, result["image"], req.opts)
+        with _step(steps, "build", paths):
+            result["image"] = build_image(folder, out, req.opts)
+        if sif_now and req.opts.engine in ("buildah", "podman") \
+                and "oci-archive" not in (result["image"].get("exports") or {}):
+            from .engines.buildah import export_image
+
+            with _step(steps, "oci-archive", paths):
+                result["image"].setdefault("exports", {})["oci-archive"] = export_image(
+                    req.opts.engine, result["image"]["tag"], "oci-archive", folder)
+        if sif_now:
+            with _step(steps, "sif", paths):
+                result["sif"] = make_sif_of(folder, result["image"], req.opts)
+    finally:
+        if steps and not req.opts.quiet:
+            print_steps(steps)
     return result

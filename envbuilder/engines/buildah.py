@@ -174,16 +174,24 @@ def _bases(dockerfile: str) -> list[str]:
     return out
 
 
-def _check_disk(engine: OciEngine, gpu: bool) -> None:
+def storage_driver(engine: OciEngine) -> str:
+    """The storage driver the engine uses (overlay, vfs...), as its `info` says."""
+    field = "{{.store.GraphDriverName}}" if engine.name == "buildah" else "{{.Store.GraphDriverName}}"
+    return engine.run("info", "--format", field).stdout.strip()
+
+
+def check_disk(engine: OciEngine, gpu: bool, vfs: bool = False) -> None:
+    """Room under the storage's graphroot (vfs: every layer a full copy, about three times as much)."""
     root = engine.graph_root()
     probe = root if root.exists() else Path("/")
     while not probe.exists():
         probe = probe.parent
     free_gb = shutil.disk_usage(probe).free / 1e9
-    need = MIN_FREE_GB[gpu]
+    need = MIN_FREE_GB[gpu] * (3 if vfs else 1)
     if free_gb < need:
         raise CheckFailed(f"{engine.name} storage", f"only {free_gb:.1f} GB free under {root}; this build "
-                          f"needs about {need} GB", f"free disk space (`{engine.name} rmi` unused images) or "
+                          f"needs about {need} GB" + (" (vfs storage)" if vfs else ""),
+                          f"free disk space (`{engine.name} rmi` unused images) or "
                           "point graphroot in storage.conf (CONTAINERS_STORAGE_CONF) at a larger disk")
 
 
@@ -252,7 +260,7 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     if stack.lock is None:
         raise EnvbuilderError("envbuilder.lock", f"--engine {opts.engine} builds from a lock", "envbuilder lock SPEC")
     engine = OciEngine(opts.engine)
-    _check_disk(engine, stack.spec.cuda is not None)
+    check_disk(engine, stack.spec.cuda is not None)
     epoch = source_date_epoch(stack.lock)
     dockerfile = output.files["Dockerfile"].decode()
     locked_bases = {e.get("ref"): e.get("digest") for e in (stack.lock.base or {}).values()

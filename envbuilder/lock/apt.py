@@ -104,20 +104,18 @@ def parse(output: str, stages: dict[str, list[str]]) -> tuple[dict[str, list[dic
     return result, meta
 
 
-def resolve(client, image: str, stages: dict[str, list[str]]) -> tuple[dict[str, list[dict]], dict]:
-    """Run the simulation in ``image`` (an ID or a pinned reference)."""
+def resolve(engine, image: str, stages: dict[str, list[str]]) -> tuple[dict[str, list[dict]], dict]:
+    """Run the simulation in ``image`` (an ID or a pinned reference) with ``engine`` (lock/engine.py)."""
     stages = {s: p for s, p in stages.items() if p}
     if not stages:
         return {}, {"apt": None, "index": {}}
     try:
-        out = client.containers.run(image, ["sh", "-c", _script(stages)], remove=True, stdout=True,
-                                    stderr=True, network_mode="bridge")
-    except Exception as exc:  # docker.errors.ContainerError, ImageNotFound, APIError
-        detail = getattr(exc, "stderr", None)
-        detail = detail.decode(errors="replace").strip()[-400:] if isinstance(detail, bytes) else str(exc)[-400:]
-        raise CheckFailed("lock: apt", f"resolving OS packages in {image} failed: {detail}",
+        out = engine.run(image, ["sh", "-c", _script(stages)])
+    except RuntimeError as exc:
+        raise CheckFailed("lock: apt", f"resolving OS packages in {image} with {engine.name} failed: "
+                          f"{str(exc).strip()[-400:]}",
                           "the base image needs apt and a reachable package archive") from None
-    return parse(out.decode(errors="replace"), stages)
+    return parse(out, stages)
 
 
 def pins_text(entries: list[dict]) -> str:

@@ -1,7 +1,7 @@
 """Base images: a tag resolved to what it points at today, so the lock never holds a moving tag.
 
-- An image the Docker engine holds with a registry digest (``RepoDigests``): that digest; the
-  recipes say ``FROM ref@sha256:...``.
+- An image the engine (Docker, podman or buildah: lock/engine.py) holds with a registry digest
+  (``RepoDigests``): that digest; the recipes say ``FROM ref@sha256:...``.
 - An image only the engine holds (imported, built locally; no registry digest): its image ID.
   BuildKit cannot address a local image by ID, so the recipes keep the tag and
   ``envbuilder build`` refuses to build when the engine's tag points at another ID.
@@ -89,34 +89,32 @@ def registry_digest(ref: str, timeout: float = 20) -> str:
                       f"docker login {registry} && docker pull {ref}, then lock again")
 
 
-def resolve_base(ref: str, client=None) -> dict:
-    """{ref, digest, kind, pinned}: kind 'repo-digest' (pinned = repo@digest) or 'image-id' (local)."""
-    if client is not None:
-        try:
-            image = client.images.get(ref)
-        except Exception:  # docker.errors.ImageNotFound: ask the registry instead
-            image = None
+def resolve_base(ref: str, engine=None) -> dict:
+    """{ref, digest, kind, pinned}: kind 'repo-digest' (pinned = repo@digest) or 'image-id' (local).
+    ``engine``: a lock.engine.ImageEngine (Docker, podman or buildah): the same answer from each
+    for the same image (an archive keeps the image's ID; registry digests only for pulled images)."""
+    if engine is not None:
+        image = engine.image(ref)
         if image is not None:
             registry, repo, _ = split_reference(ref)
-            for rd in image.attrs.get("RepoDigests") or []:
+            for rd in image.get("repo_digests") or []:
                 name, _, digest = rd.partition("@")
                 if split_reference(name)[:2] == (registry, repo):
                     return {"ref": ref, "digest": digest, "kind": "repo-digest", "pinned": f"{ref}@{digest}"}
-            return {"ref": ref, "digest": image.id, "kind": "image-id", "pinned": ref}
+            return {"ref": ref, "digest": image["id"], "kind": "image-id", "pinned": ref}
     digest = registry_digest(ref)
     return {"ref": ref, "digest": digest, "kind": "repo-digest", "pinned": f"{ref}@{digest}"}
 
 
-def check_engine_base(entry: dict, client) -> None:
+def check_engine_base(entry: dict, engine) -> None:
     """Before a build: a local base (image-id) must still be the image the lock names."""
     if entry.get("kind") != "image-id":
         return
-    try:
-        image = client.images.get(entry["ref"])
-    except Exception:  # docker.errors.ImageNotFound and friends
+    image = engine.image(entry["ref"])
+    if image is None:
         raise CheckFailed("base", f"the engine has no image {entry['ref']} (the lock names {entry['digest'][:19]})",
-                          "load or rebuild that exact image, or re-lock: envbuilder lock SPEC --update base") from None
-    if image.id != entry["digest"]:
-        raise CheckFailed("base", f"{entry['ref']} is now {image.id[:19]} in the engine; the lock names "
+                          "load or rebuild that exact image, or re-lock: envbuilder lock SPEC --update base")
+    if image["id"] != entry["digest"]:
+        raise CheckFailed("base", f"{entry['ref']} is now {image['id'][:19]} in the engine; the lock names "
                           f"{entry['digest'][:19]} (the base image drifted)",
                           "restore that image, or accept the new one: envbuilder lock SPEC --update base")

@@ -303,18 +303,18 @@ def _resolve(groups: dict[str, list[str]], tgt: dict, *, index_url: str | None =
     return split_groups(groups, data.get("install", []), tgt["markers"])
 
 
-def resolve_in_image(client, image: str, reqs: list[str], constraint: str | None = None) -> list[dict]:
+def resolve_in_image(engine, image: str, reqs: list[str], constraint: str | None = None) -> list[dict]:
     """Resolve in the image itself (NGC bases: only what the image lacks gets installed), under
-    the image's pip constraint file when it has one (PIP_CONSTRAINT, as the build's pip steps)."""
+    the image's pip constraint file when it has one (PIP_CONSTRAINT, as the build's pip steps).
+    ``engine``: a lock.engine.ImageEngine (Docker, podman or buildah)."""
     env = {"PIP_CONSTRAINT": constraint} if constraint else None
     try:
-        out = client.containers.run(image, ["python", "-m", "pip", "install", "--dry-run", "--quiet",
-                                            "--disable-pip-version-check", "--report", "-", *reqs],
-                                    remove=True, stdout=True, stderr=False, environment=env)
-    except Exception as exc:  # docker.errors.ContainerError / ImageNotFound / APIError
-        raise CheckFailed("lock: pip", f"resolving in {image} failed: {exc}",
-                          f"docker pull {image}, and check the spec's pip packages exist") from None
-    data = json.loads(out.decode())
+        out = engine.run(image, ["python", "-m", "pip", "install", "--dry-run", "--quiet",
+                                 "--disable-pip-version-check", "--report", "-", *reqs], env=env, stderr=False)
+    except RuntimeError as exc:
+        raise CheckFailed("lock: pip", f"resolving in {image} with {engine.name} failed: {str(exc).strip()[-400:]}",
+                          f"{engine.name} pull {image}, and check the spec's pip packages exist") from None
+    data = json.loads(out)
     items = data.get("install", [])
     return [dict(_entry(i), requested=bool(i.get("requested"))) for i in items]
 

@@ -17,6 +17,7 @@ from . import base as base_
 from . import conda as conda_
 from . import pip as pip_
 from . import sources as sources_
+from .engine import ENGINE_NAMES
 from .model import PIP_GROUPS, Lock, LockError, canonical_name, pip_by_name
 
 
@@ -101,7 +102,8 @@ def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, upd
                  conda_lockfile: str | None = None, progress=None,
                  sources: list[dict] | None = None, prefer: dict[str, str] | None = None) -> Lock:
     """A complete lock for ``stack`` needing ``want``; kinds unchanged since ``previous`` keep their
-    entries. ``client(why)`` gives a Docker SDK client, called only when a kind needs the engine;
+    entries. ``client(why)`` gives a container engine (lock/engine.py: Docker, podman or buildah),
+    called only when a kind needs one; the lock records which one (``resolvers.engine``);
     ``sources``: the source tarballs the components want (needs.source_tarballs); ``prefer``: versions
     pip keeps when they fit (the bootstrap tools' usual pins, needs.bootstrap_prefer)."""
     say = progress or (lambda msg: None)
@@ -129,7 +131,7 @@ def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, upd
             else:
                 say(f"base.{stage}: {ref}")
                 lock.base[stage] = base_.resolve_base(ref, client)
-        lock.resolvers["docker"] = client.version().get("Version", "unknown")
+        _record_engine(lock, client)
 
     # OS packages, in each stage's locked base image
     base_changed = previous is None or lock.base != previous.base
@@ -153,6 +155,7 @@ def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, upd
             if ":" in image and not image.startswith("sha256:"):
                 _ensure_image(client, image)
             found, meta = apt_.resolve(client, image, stages)
+            _record_engine(lock, client)
             lock.apt.update(found)
             lock.resolvers["apt"] = meta["apt"] or lock.resolvers.get("apt")
             lock.resolvers["apt-index"] = dict(sorted(meta["index"].items()))
@@ -175,6 +178,8 @@ def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, upd
             say(f"pip: resolving {len(reqs)} requirements inside {stack.base}")
             lock.pip = {"packages": pip_.resolve_in_image(client, lock.base["devel"]["pinned"], reqs,
                                                           wp.get("constraint"))} if reqs else {}
+            if reqs:
+                _record_engine(lock, client)
         else:
             prefer, prefer_earlier = dict(prefer or {}), None
             if previous and previous.pip:
@@ -214,12 +219,20 @@ def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, upd
     return lock
 
 
-def _ensure_image(client, ref: str) -> None:
+def _record_engine(lock: Lock, engine) -> None:
+    """``resolvers.engine``: which engine resolved the lock; its version under its own name (one
+    engine's entry only: a lock re-resolved with podman no longer names the Docker it was made with)."""
+    for name in ENGINE_NAMES:
+        lock.resolvers.pop(name, None)
+    lock.resolvers["engine"] = engine.name
+    lock.resolvers[engine.name] = engine.version()
+
+
+def _ensure_image(engine, ref: str) -> None:
+    if engine.image(ref) is not None:
+        return
     try:
-        client.images.get(ref)
-    except Exception:  # docker.errors.ImageNotFound: pull it by digest
-        try:
-            client.images.pull(ref)
-        except Exception as exc:  # docker.errors.APIError: unreachable registry, no such image
-            raise CheckFailed("lock: apt", f"cannot pull {ref} to resolve its OS packages ({type(exc).__name__})",
-                              f"docker pull {ref} where the registry is reachable, then lock again") from None
+        engine.pull(ref)
+    except RuntimeError as exc:  # unreachable registry, no such image
+        raise CheckFailed("lock: apt", f"cannot pull {ref} to resolve its OS packages ({str(exc).strip()[-300:]})",
+                          f"{engine.name} pull {ref} where the registry is reachable, then lock again") from None

@@ -54,6 +54,7 @@ class SifCharliecloud(Runtime):
         if not shutil.which("ch-run"):
             raise EnvbuilderError("--runtime charliecloud", "ch-run is not on PATH",
                                   "install charliecloud (apt-get install charliecloud)")
+        check_unprivileged()
         sif = self.sif or Path(t.image)
         self.info = info = check.structure(sif)
         # what to compare with: the folder's manifest, else the one the SIF carries as an object;
@@ -75,3 +76,22 @@ class SifCharliecloud(Runtime):
     def annotate(self, report):
         if self.info is not None:
             report["sif"] = {k: v for k, v in self.info.items() if k != "siftool_list"}
+
+
+def check_unprivileged(fuse: str = "/dev/fuse", userns: str = "/proc/sys/user/max_user_namespaces") -> None:
+    """What `verify x.sif` needs from the machine, before any work: squashfuse opens /dev/fuse
+    (fusermount3 is setuid; the device must be open to the user) and ch-run makes an
+    unprivileged user namespace."""
+    if not os.access(fuse, os.R_OK | os.W_OK):
+        raise EnvbuilderError("verify x.sif", f"{fuse} is not readable and writable by you: squashfuse mounts "
+                              "the SIF's SquashFS partition through it",
+                              f"ask the admins for `chmod 0666 {fuse}` (the default on most distributions), or run "
+                              "the SIF with Apptainer (`apptainer test x.sif`); see docs/login-node.md")
+    try:
+        allowed = int(Path(userns).read_text().strip())
+    except (OSError, ValueError):
+        allowed = 1             # no such knob: the kernel decides when ch-run asks
+    if allowed == 0:
+        raise EnvbuilderError("verify x.sif", f"unprivileged user namespaces are off ({userns} is 0): ch-run "
+                              "needs one", "ask the admins for sysctl user.max_user_namespaces=15000 (or more); "
+                              "see docs/login-node.md")

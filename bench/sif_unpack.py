@@ -10,8 +10,9 @@ table: who ran it, wall seconds (best of --runs), peak disk, the SIF's size and 
     python bench/sif_unpack.py deb.tar --user envb-sif       # and as that user (needs root)
     python bench/sif_unpack.py deb.tar --user envb-sif --json sif.json
 
-A plain user runs the system python3 with this checkout on PYTHONPATH; the archive must be
-readable by that user.
+A plain user runs its own interpreter with envbuilder's dependencies (`--user-python`; default the
+venv the tests make for that user, /tmp/envb-USER-venv, else the system python3) with this checkout
+on PYTHONPATH; the archive must be readable by that user.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def disk_use(folder: Path) -> int:
     return total
 
 
-def one_run(archive: Path, user: str | None) -> dict:
+def one_run(archive: Path, user: str | None, user_python: str | None = None) -> dict:
     base = Path(tempfile.mkdtemp(prefix="envb-sif-bench-", dir="/tmp"))
     try:
         os.chmod(base, 0o755)
@@ -54,7 +55,9 @@ def one_run(archive: Path, user: str | None) -> dict:
         if user:
             entry = pwd.getpwnam(user)
             os.chown(out, entry.pw_uid, entry.pw_gid)
-            cmd = ["runuser", "-u", user, "--", shutil.which("python3", path="/usr/bin:/bin") or "python3"]
+            venv = Path(f"/tmp/envb-{user}-venv/bin/python")
+            python = user_python or (str(venv) if venv.exists() else shutil.which("python3", path="/usr/bin:/bin"))
+            cmd = ["runuser", "-u", user, "--", python or "python3"]
             env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "HOME": "/tmp"}
         else:
             cmd, env = [sys.executable], dict(os.environ)
@@ -86,6 +89,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("archive", type=Path, help="`docker save` or OCI image archive")
     p.add_argument("--user", help="also run as this (non-root) user")
+    p.add_argument("--user-python", help="that user's interpreter with envbuilder's dependencies")
     p.add_argument("--runs", type=int, default=3, help="runs per user; the best wall time is kept (3)")
     p.add_argument("--json", type=Path, help="also write the rows here")
     args = p.parse_args(argv)

@@ -20,7 +20,11 @@ OMP_EXPECT_ENV = "ENVBUILDER_SMOKE_OMP_EXPECT"
 # IsMklEnabled() (bound as tensorflow.python.util._pywrap_util_port.IsMklEnabled, which TF's
 # test_util.IsMklEnabled calls). In an --config=mkl build (ENABLE_MKL: intel-tensorflow) it is
 # true unless TF_DISABLE_MKL=1; in stock Linux x86 wheels it is TF_ENABLE_ONEDNN_OPTS, else the
-# CPU's features (AVX512_VNNI, AVX512_BF16, AVX_VNNI, AMX). Read once per process.
+# CPU's features (AVX512_VNNI, AVX512_BF16, AVX_VNNI, AMX). Read once per process. Checked by
+# hand in the intel-tensorflow 2.14.0 image of recipes/cpu-intel-tf-debian.yaml (2026-11-25):
+# True; False with TF_DISABLE_MKL=1; still True with TF_ENABLE_ONEDNN_OPTS=0 (the ENABLE_MKL
+# build). In tensorflow-cpu 2.15.1: False with TF_ENABLE_ONEDNN_OPTS=0 (tests/test_smoke_suite.py).
+# intel-tensorflow loads Intel's OpenMP (libiomp5.so), which reads the KMP_* variables.
 ONEDNN_FLAG = "tensorflow.python.util._pywrap_util_port.IsMklEnabled()"
 
 
@@ -212,6 +216,10 @@ def check_rank_env(expect, tf, tag):
     if problems:
         return result(name, FAIL, "; ".join(problems) + " (this rank: %s)" % shown, figure="drifted",
                       data=data)
-    return result(name, PASS, "%s as the manifest/job.sbatch set%s; oneDNN %s; TF intra-op threads %s" % (
-        shown, (" (OMP_NUM_THREADS from %s)" % source) if source else "",
-        "on" if on else "not asked", intra), figure="OMP %s" % seen["OMP_NUM_THREADS"], data=data)
+    omp_libs = data["openmp_runtimes"]
+    return result(name, PASS, "%s as the manifest/job.sbatch set%s; oneDNN %s; TF intra-op threads %s; "
+                  "OpenMP runtime loaded: %s" % (
+                      shown, (" (OMP_NUM_THREADS from %s)" % source) if source else "",
+                      "on" if on else "not asked", intra,
+                      ", ".join(omp_libs) or "none (TensorFlow's own thread pool)"),
+                  figure="OMP %s" % seen["OMP_NUM_THREADS"], data=data)

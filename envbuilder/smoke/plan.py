@@ -185,13 +185,11 @@ def run_env(run, args, expect):
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
         env[OMP_EXPECT_ENV] = "%s|verify --threads" % args.threads
-    elif run.launcher in ("srun", "srun-step"):
-        # srun (a step of job.sbatch): the job script sets OMP_NUM_THREADS from cpus-per-task;
-        # it must reach the ranks unchanged (env.cpu_threads checks it)
-        job = os.environ.get("SRUN_CPUS_PER_TASK") or os.environ.get("SLURM_CPUS_PER_TASK")
-        if job:
-            env[OMP_EXPECT_ENV] = "%s|job.sbatch: cpus-per-task" % job
-    else:
+    elif run.launcher in ("srun", "srun-step") and os.environ.get("SRUN_CPUS_PER_TASK"):
+        # a step of job.sbatch, which exports SRUN_CPUS_PER_TASK and sets OMP_NUM_THREADS from
+        # cpus-per-task: the job's value must reach the ranks unchanged (env.cpu_threads)
+        env[OMP_EXPECT_ENV] = "%s|job.sbatch: cpus-per-task" % os.environ["SRUN_CPUS_PER_TASK"]
+    elif run.launcher != "srun":
         # ranks share this node: split its cores
         env["OMP_NUM_THREADS"] = str(threads_per_rank(run.ranks))
         env[OMP_EXPECT_ENV] = "%s|the suite: %d cores / %d ranks" % (env["OMP_NUM_THREADS"], cpu_count(),

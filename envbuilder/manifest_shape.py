@@ -39,7 +39,8 @@ MANIFEST_SCHEMA = {
         "expect": {"type": "object", "description": "an object", "properties": {
             "python": _opt(_text("a Python version")),
             "framework": _opt({"type": "object", "description": "an object", "properties": {
-                "name": _text("a framework name"), "module": _text("a module name"), "version": _text("a version")}}),
+                "name": _text("a framework name"), "module": _text("a module name"), "version": _text("a version"),
+                "distribution": _text("a PyPI distribution name")}}),
             "horovod": _opt({"type": "object", "description": "an object", "properties": {
                 "version": _text("a version"), "frameworks": _STRLIST, "controllers": _STRLIST,
                 "operations": _STRLIST}}),
@@ -48,6 +49,8 @@ MANIFEST_SCHEMA = {
             "cuda": _opt(_text("a version")), "cudnn": _opt(_text("a version")), "nccl": _opt(_text("a version")),
             "gpu": {"type": "boolean", "description": "true or false"},
             "packages": _opt(_STRMAP), "apt": _opt(_STRMAP), "conda": _opt(_STRMAP),
+            "cpu_env": _opt({"type": "object", "additionalProperties": _text("a value"),
+                             "description": "an object of variable: value"}),
         }},
         "lock": {"type": "object", "description": "an object", "properties": {
             "base": {"type": "object", "additionalProperties": _text("a digest"), "description": "an object"}}},

@@ -1,5 +1,6 @@
-"""Real images on a real Docker engine: the CPU presets build from the local Debian base, the
-smoke suite inside them passes with 2 ranks, and deliberately broken images fail verify with the
+"""Real images on a real Docker engine: the CPU presets with Horovod (cpu-torch, and
+cpu-intel-tf-debian for TensorFlow) build from the local Debian base, the smoke suite inside them
+passes with 2 ranks, and deliberately broken images fail verify with the
 right check named. The CA bundle and the wheelhouse never reach the image."""
 
 from __future__ import annotations
@@ -54,9 +55,11 @@ def torch_image(tmp_path_factory, ca_bundle):
 
 
 @pytest.fixture(scope="module")
-def tf_image(tmp_path_factory, ca_bundle):
-    out = tmp_path_factory.mktemp("tf") / "cpu-tf"
-    r = build(RECIPES / "cpu-tf.yaml", out, ca_bundle)
+def intel_tf_image(tmp_path_factory, ca_bundle):
+    """The TensorFlow + Horovod image CI builds: intel-tensorflow 2.14 (one Horovod compile, as
+    cpu-tf's was; tensorflow-cpu 2.15.1 + Horovod runs on the host runtime, tests/test_smoke_suite.py)."""
+    out = tmp_path_factory.mktemp("intel-tf") / "cpu-intel-tf-debian"
+    r = build(RECIPES / "cpu-intel-tf-debian.yaml", out, ca_bundle)
     assert r.code == 0, r.err[-3000:]
     info = json.loads((out / "image.json").read_text())
     yield out, info
@@ -122,13 +125,34 @@ def test_verify_torch_image_with_two_ranks(torch_image, tmp_path):
     assert "<testsuite" in junit.read_text()
 
 
-def test_verify_tf_image_with_two_ranks(tf_image, tmp_path):
-    out, _ = tf_image
+def test_verify_intel_tf_image_with_two_ranks(intel_tf_image, tmp_path):
+    """intel-tensorflow + Horovod, 2 ranks over MPI and Gloo; verify proves it is intel-tensorflow:
+    the distribution that owns the imported `tensorflow`, oneDNN on in the process (TensorFlow's
+    own flag) and the image's oneDNN/KMP/OMP settings on every rank."""
+    out, _ = intel_tf_image
     report = tmp_path / "report.json"
     r = verify(str(out), "--runtime", "docker", "--ranks", "2", "--report", str(report))
     assert r.code == 0, r.out + r.err[-3000:]
-    data = json.loads(report.read_text())
-    assert not [c for c in data["checks"] if c["status"] == "fail"]
+    print("\n" + r.out)
+    checks = report_checks(json.loads(report.read_text()))
+    assert not [c for c in checks.values() if c["status"] == "fail"]
+    dist = checks["framework.distribution"]
+    assert dist["status"] == "pass" and dist["figure"] == "intel-tensorflow 2.14.0", dist
+    assert "no other distribution" in dist["detail"]
+    onednn = checks["framework.onednn"]
+    assert onednn["status"] == "pass" and "IsMklEnabled() is True" in onednn["detail"], onednn
+    manifest = json.loads((out / "manifest.json").read_text())
+    want = manifest["expect"]["cpu_env"]
+    assert want["TF_ENABLE_ONEDNN_OPTS"] == "1" and want["KMP_BLOCKTIME"] == "0"
+    for ctrl in ("mpi", "gloo"):
+        env = checks[f"env.cpu_threads[{ctrl}]"]
+        assert env["status"] == "pass", env
+        for rank in ("0", "1"):
+            seen = env["ranks"][rank]["data"]
+            assert {k: seen["env"][k] for k in want} == want, seen
+            assert seen["env"]["OMP_NUM_THREADS"] == seen["omp_expected"] and seen["onednn"] is True
+        assert checks[f"train.tensorflow[{ctrl}]"]["status"] == "pass"
+    assert checks["horovod.operations"]["status"] == "pass"
 
 
 # --- broken images: verify must fail and name the check ----------------------------------------

@@ -140,7 +140,13 @@ def test_job_script_follows_the_hybrid_model(rendered):
 def test_manifest_records_expectations(rendered):
     m = json.loads((rendered["cpu-torch"] / "manifest.json").read_text())
     assert m["schema"] == "envbuilder.manifest/1"
-    assert m["expect"]["framework"] == {"name": "pytorch", "module": "torch", "version": "2.13.0+cpu"}
+    assert m["expect"]["framework"] == {"name": "pytorch", "module": "torch", "version": "2.13.0+cpu",
+                                        "distribution": "torch"}
+    assert "cpu_env" not in m["expect"]
+    intel = json.loads((rendered["cpu-intel-tf"] / "manifest.json").read_text())["expect"]
+    assert intel["framework"]["distribution"] == "intel-tensorflow"
+    assert intel["cpu_env"] == {"KMP_AFFINITY": "granularity=fine,compact,1,0", "KMP_BLOCKTIME": "0",
+                                "KMP_SETTINGS": "0", "TF_ENABLE_ONEDNN_OPTS": "1"}
     assert m["expect"]["horovod"]["controllers"] == ["mpi", "gloo"]
     assert m["expect"]["mpi"] == {"flavor": "openmpi", "version": "4.1.4"}
     assert set(m["files"]) == {"Dockerfile", "Apptainer.def", "job.sbatch"}

@@ -117,6 +117,38 @@ def test_framework_version_drift_fails_naming_it(tmp_path):
     assert "torch" in fw["detail"]
 
 
+CPU_ENV = {"KMP_AFFINITY": "granularity=fine,compact,1,0", "KMP_BLOCKTIME": "0", "KMP_SETTINGS": "0",
+           "TF_ENABLE_ONEDNN_OPTS": "1"}
+
+
+def test_cpu_tensorflow_identity_checks_fail_naming_what_differs(tmp_path):
+    """What makes an image intel-tensorflow, checked against this host's tensorflow-cpu 2.15.1:
+    a manifest that asks for intel-tensorflow fails framework.distribution naming the real owner;
+    TF_ENABLE_ONEDNN_OPTS=0 turns oneDNN off in stock TensorFlow (TensorFlow's own flag says so);
+    a KMP value the manifest did not set fails env.cpu_threads on the rank. (The intel-tensorflow
+    image passing them all: tests/test_build_verify.py.)"""
+    man = manifest("tensorflow", horovod=None, cpu_env=CPU_ENV)
+    man["expect"]["framework"].update(name="intel-tensorflow", version="2.15.1", distribution="intel-tensorflow")
+    proc, report, _ = run_suite(tmp_path, man, env={**CPU_ENV, "TF_ENABLE_ONEDNN_OPTS": "0"})
+    checks = by_name(report)
+    assert proc.returncode == 1
+    dist = checks["framework.distribution"]
+    assert dist["status"] == "fail" and dist["figure"] == "tensorflow-cpu 2.15.1", dist
+    assert "intel-tensorflow does not own" in dist["detail"] and "owned by: tensorflow-cpu 2.15.1" in dist["detail"]
+    onednn = checks["framework.onednn"]
+    assert onednn["status"] == "fail" and "IsMklEnabled() is False" in onednn["detail"], onednn
+
+    man = manifest("tensorflow", cpu_env=CPU_ENV)
+    man["expect"]["framework"]["distribution"] = "tensorflow-cpu"
+    proc, report, _ = run_suite(tmp_path, man, "--launcher", "none", "--ranks", "1",
+                                env={**CPU_ENV, "KMP_BLOCKTIME": "200"})
+    checks = by_name(report)
+    assert checks["framework.distribution"]["status"] == "pass"
+    assert checks["framework.onednn"]["status"] == "pass"
+    env = checks["env.cpu_threads[single]"]
+    assert env["status"] == "fail" and "KMP_BLOCKTIME=200, manifest/job.sbatch set 0" in env["detail"], env
+
+
 def test_crashed_rank_is_named_and_the_suite_ends(tmp_path):
     proc, report, wall = run_suite(tmp_path, manifest("pytorch"), "--launcher", "mpi", "--timeout", "30",
                                    env={"ENVBUILDER_SMOKE_FAULT": "crash:1"})

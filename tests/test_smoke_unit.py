@@ -454,3 +454,30 @@ def test_plan_runs_gloo_in_a_step_only():
     assert [r.controller for r in plan.plan_runs(expect, args)] == ["mpi"]
     only_gloo = {"horovod": {"controllers": ["gloo"], "frameworks": ["pytorch"]}}
     assert [r.controller for r in plan.plan_runs(only_gloo, args, in_step=True)] == ["gloo"]
+
+
+def test_ranks_are_told_which_omp_num_threads_to_expect(monkeypatch):
+    """env.cpu_threads compares each rank's OMP_NUM_THREADS with what the launcher says: the
+    suite's split of the cores, --threads, or (a step of job.sbatch) the job's cpus-per-task,
+    which the suite then leaves as the job set it."""
+    from types import SimpleNamespace
+
+    from envbuilder.smoke.cpu_tf import OMP_EXPECT_ENV, expected_omp
+
+    args = SimpleNamespace(threads=0, timeout=60)
+    expect = {"horovod": {"operations": ["mpi"]}}
+    run = plan.Run("mpi", "mpirun", "tensorflow", first=True)
+    run.ranks = 2
+    monkeypatch.delenv("SRUN_CPUS_PER_TASK", raising=False)
+    env = plan.run_env(run, args, expect)
+    assert env[OMP_EXPECT_ENV] == "%s|the suite: %d cores / 2 ranks" % (env["OMP_NUM_THREADS"], common.cpu_count())
+    env = plan.run_env(run, SimpleNamespace(threads=3, timeout=60), expect)
+    assert env["OMP_NUM_THREADS"] == "3" and env[OMP_EXPECT_ENV] == "3|verify --threads"
+    step = plan.Run("mpi", "srun-step", "tensorflow", first=True)
+    step.ranks = 2
+    monkeypatch.setenv("SRUN_CPUS_PER_TASK", "16")
+    monkeypatch.setenv("OMP_NUM_THREADS", "16")
+    env = plan.run_env(step, args, expect)
+    assert env["OMP_NUM_THREADS"] == "16"                     # the job's value, not the suite's split
+    monkeypatch.setenv(OMP_EXPECT_ENV, env[OMP_EXPECT_ENV])
+    assert expected_omp() == ("16", "job.sbatch: cpus-per-task")

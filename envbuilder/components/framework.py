@@ -18,19 +18,38 @@ def devel_steps(stack: Stack) -> list[Step]:
     extra = f" --extra-index-url {shell_word(index, 'framework.index_url')}" if index else ""
     locked, mounts = pip_group(stack, "framework", f"{pip(stack)}{extra}")
     return [Step("framework", f"{fw.name} {fw.version}", locked or [
-        f"{pip(stack)}{extra} {shell_word(stack.framework_requirement, 'framework')}",
+        f"{pip(stack)}{extra} " + " ".join(shell_word(r, "framework") for r in pip_groups(stack)["framework"]),
     ], network=True, mounts=mounts, build_env=pip_env(stack))]
 
 
 def pip_groups(stack: Stack) -> dict[str, list[str]]:
     """The lock's `framework` group (none when the base image brings the framework)."""
-    return {} if stack.framework_from_base else {"framework": [stack.framework_requirement]}
+    if stack.framework_from_base:
+        return {}
+    reqs = [stack.framework_requirement]
+    fw = stack.spec.framework
+    cap = (stack.catalog.framework_release(fw.name, fw.version) or {}).get("numpy")
+    if cap:
+        # a NumPy bound the wheel's metadata lacks (catalog, e.g. intel-tensorflow 2.14: numpy<2)
+        reqs.append(f"numpy{cap}")
+    return {"framework": reqs}
 
 
 def expect(stack: Stack) -> dict:
     """manifest.json expect.framework: what the smoke suite imports and compares."""
     fw = stack.spec.framework
-    return {"name": fw.name, "module": fw.module, "version": fw.version}
+    out = {"name": fw.name, "module": fw.module, "version": fw.version}
+    if not stack.framework_from_base:
+        # the PyPI distribution that must own the module's files (intel-tensorflow, tensorflow-cpu
+        # and tensorflow all install `tensorflow`): the smoke suite's framework.distribution
+        out["distribution"] = stack.catalog.framework(fw.name)["pip"]
+    return out
+
+
+def cpu_env(stack: Stack) -> dict[str, str]:
+    """The oneDNN / OpenMP variables the image and job.sbatch set for CPU TensorFlow (manifest
+    expect.cpu_env: the smoke suite checks each rank sees them, and oneDNN is on)."""
+    return {k: v for k, v in sorted(runtime_env(stack).items()) if k.startswith(("KMP_", "TF_ENABLE"))}
 
 
 def runtime_env(stack: Stack) -> dict[str, str]:

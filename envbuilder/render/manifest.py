@@ -33,6 +33,8 @@ def expected(stack: Stack) -> dict:
         "packages": dict(sorted(pins.items())),
         **cuda.expect_pypi(stack),
     }
+    if stack.cpu_threads_env:
+        out["cpu_env"] = framework.cpu_env(stack)
     dist = spec.canonical().get("distributed")
     if dist:
         # how the ranks talk (torch.distributed: its backend and launcher); absent for specs

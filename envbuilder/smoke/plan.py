@@ -7,6 +7,7 @@ import shutil
 import sys
 
 from .common import threads_per_rank, cpu_count
+from .cpu_tf import OMP_EXPECT_ENV
 from .static import framework_key, framework_module
 
 
@@ -183,9 +184,16 @@ def run_env(run, args, expect):
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
+        env[OMP_EXPECT_ENV] = "%s|verify --threads" % args.threads
+    elif run.launcher in ("srun", "srun-step") and os.environ.get("SRUN_CPUS_PER_TASK"):
+        # a step of job.sbatch, which exports SRUN_CPUS_PER_TASK and sets OMP_NUM_THREADS from
+        # cpus-per-task: the job's value must reach the ranks unchanged (env.cpu_threads)
+        env[OMP_EXPECT_ENV] = "%s|job.sbatch: cpus-per-task" % os.environ["SRUN_CPUS_PER_TASK"]
     elif run.launcher != "srun":
-        # ranks share this node: split its cores (srun: the job script sets cpus-per-task)
+        # ranks share this node: split its cores
         env["OMP_NUM_THREADS"] = str(threads_per_rank(run.ranks))
+        env[OMP_EXPECT_ENV] = "%s|the suite: %d cores / %d ranks" % (env["OMP_NUM_THREADS"], cpu_count(),
+                                                                      run.ranks)
     ops = [o for o in ((expect.get("horovod") or {}).get("operations") or []) if o in ("mpi", "gloo")]
     if run.controller in ("mpi", "gloo"):
         env["HOROVOD_CONTROLLER"] = run.controller

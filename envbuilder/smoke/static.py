@@ -599,6 +599,12 @@ def run_static(expect, no_gpu=False):
     res = check_horovod(expect, hvd_pkg, hvd_err)
     res["seconds"] = round(time.time() - t0, 3)
     out.append(res)
+    # which distribution provides the framework, and oneDNN on (CPU TensorFlow): cpu_tf.py
+    from .cpu_tf import check_distribution, check_onednn
+    if (expect.get("framework") or {}).get("distribution"):
+        timed(check_distribution, expect, fw_mod)
+    if expect.get("cpu_env"):
+        timed(check_onednn, expect, fw_mod)
     timed(check_mpi, expect)
     timed(check_cuda_stack, expect, fw_mod, binding)
     timed(check_cuda_libraries, expect, fw_mod)

@@ -41,6 +41,8 @@ def plan(framework, controller, first_run, gpu_expected=False):
     names = ["horovod.init" + tag]
     if first_run:
         names.append("horovod.build")
+    if fw == "tensorflow":
+        names.append("env.cpu_threads" + tag)
     names += [
         "horovod.binding.%s%s" % (fw, tag),
         "horovod.cpu_ops" + tag,
@@ -217,6 +219,12 @@ def check_build(ctx):
     return [result("horovod.build", PASS, "requested %s all built (built: %s; frameworks: %s)" % (
         ", ".join(have) or "-", built_list, ", ".join(sorted(frameworks)) or "-"),
         ", ".join(have), data)]
+
+
+def check_cpu_threads(ctx):
+    """Each rank: the oneDNN / OpenMP settings of the image and job.sbatch reached it (cpu_tf.py)."""
+    from .cpu_tf import check_rank_env
+    return [check_rank_env(ctx.expect, ctx.fw.tf, ctx.tag)]
 
 
 def check_binding(ctx):
@@ -523,6 +531,8 @@ def main(argv=None):
     checks = []
     if args.first:
         checks.append(("horovod.build", check_build))
+    if ctx.fw.key == "tensorflow":
+        checks.append(("env.cpu_threads" + ctx.tag, check_cpu_threads))
     checks += [
         ("horovod.binding.%s%s" % (ctx.fw.key, ctx.tag), check_binding),
         ("horovod.cpu_ops" + ctx.tag, check_cpu_ops),

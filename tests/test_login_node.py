@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_envbuilder
-from infra import base_image, require_binary, require_docker, user_python, wheelhouse
+from infra import base_image, require_binary, require_docker, require_slurm, user_python, wheelhouse
 from test_buildah_engine import ROOTLESS_USER, _rootless_user, clean_storage, cpu_torch_spec, storage
 
 
@@ -246,6 +246,25 @@ def test_spec_to_verified_sif_as_a_non_root_user(login):
         started = time.monotonic()
         p = _as_user(env, f"cd {work} && {eb} verify out/{sif.name} --ranks 2", timeout=900)
         print(f"verify x.sif as {ROOTLESS_USER}: {time.monotonic() - started:.0f} s")
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+        # and a job submitted by that user runs the SIF on the one-node Slurm (job.sbatch, charliecloud)
+        require_slurm()
+        started = time.monotonic()
+        # the SIF runs under charliecloud here, which can bind only folders that exist in the image or
+        # lie under /tmp (Apptainer makes bind points itself): the job's folder goes under /tmp
+        jobdir = Path(f"/tmp/envb-{ROOTLESS_USER}-job")
+        shutil.rmtree(jobdir, ignore_errors=True)
+        job = _as_user(env, f"set -e; cp -r {work}/out {jobdir}; cd {jobdir} && {eb} verify . --slurm --ranks 2 "
+                            f"--image {jobdir}/{sif.name} --report {work}/slurm-report.json", timeout=900)
+        print(f"verify --slurm with the SIF as {ROOTLESS_USER}: {time.monotonic() - started:.0f} s")
     finally:
         os.chmod("/dev/fuse", fuse_mode)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    report = work / "slurm-report.json"
+    assert report.is_file(), job.stdout[-2000:] + job.stderr[-3000:]
+    data = json.loads(report.read_text())
+    failed = [(c["name"], c.get("detail", "")[:300]) for c in data["checks"] if c["status"] == "fail"]
+    assert job.returncode == 0 and not failed, failed or job.stderr[-3000:]
+    log = Path(data["slurm"]["log"])
+    assert log.stat().st_uid == pwd.getpwnam(ROOTLESS_USER).pw_uid      # the job ran as that user
+    assert "mounted the SquashFS partition of" in log.read_text(), log.read_text()[-2000:]
+    shutil.rmtree(jobdir, ignore_errors=True)

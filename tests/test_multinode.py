@@ -593,3 +593,13 @@ def test_placement_counts_ranks_per_node_and_names_what_is_missing(tmp_path):
     bad = placement.check(tmp_path, 4, 2)
     assert bad["status"] == "fail"
     assert "rank(s) 3 never started" in bad["detail"] and "1 node(s) ran ranks, the job asked for 2" in bad["detail"]
+
+
+def test_placement_of_an_image_without_multi_rank_runs_is_skipped_not_failed(tmp_path):
+    """An image with no Horovod and no distributed framework runs no ranks to place (its report has
+    no runs); a job whose report names runs but whose ranks left no file still fails."""
+    from envbuilder.slurm import placement
+
+    none = placement.check(tmp_path, 2, 1, launched=False)
+    assert none["status"] == "skip" and "no multi-rank pass" in none["detail"]
+    assert placement.check(tmp_path, 2, 1, launched=True)["status"] == "fail"

@@ -42,7 +42,8 @@ def collect(output_dir: Path, job: dict) -> dict:
     else:
         if job.get("ranks"):
             # where the ranks ran, from their progress files (ranks per node)
-            where = placement.check(output_dir / "smoke", job["ranks"], job.get("nodes_asked", 1))
+            where = placement.check(output_dir / "smoke", job["ranks"], job.get("nodes_asked", 1),
+                                    launched=bool(report.get("runs")))
             report["checks"].append(where)
             report["ok"] = bool(report.get("ok")) and where["status"] != FAIL
         if job.get("state") not in ("COMPLETED", "FAILED"):

@@ -173,25 +173,83 @@ def site_file(tmp_path: Path, **keys: str) -> Path:
     return path
 
 
+def task_epilog_of(job: str) -> str:
+    start = job.index("<<'ENVBUILDER_TASK_EPILOG'\n") + len("<<'ENVBUILDER_TASK_EPILOG'\n")
+    return job[start:job.index("\nENVBUILDER_TASK_EPILOG\n", start) + 1]
+
+
+def test_the_task_epilog_removes_only_this_jobs_marked_or_emptied_folder(cli, write_spec, tmp_path):
+    """The file job.sbatch writes for `srun --task-epilog`, run by bash as slurmstepd runs it (no
+    arguments, the step's environment): a marked folder goes whatever is in it; one a cut-short
+    removal left empty goes; an unmarked folder with content, a link, a name that is not a job's
+    folder are left; the job's PATH is not used."""
+    job = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", "host")
+    epilog = tmp_path / "epilog"
+    epilog.write_text(task_epilog_of(job))
+    epilog.chmod(0o700)
+    root = tmp_path / "local"
+    trap = tmp_path / "trap-bin"          # an rm on the job's PATH that would leave everything
+    trap.mkdir()
+    (trap / "rm").write_text("#!/bin/sh\nexit 0\n")
+    (trap / "rm").chmod(0o755)
+
+    def run(folder: Path) -> None:
+        env = {"JOB_LOCAL": str(folder), "PATH": f"{trap}:/usr/bin:/bin", "SLURM_JOB_ID": folder.name.split(".")[-1]}
+        proc = subprocess.run([str(epilog)], env=env, capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+
+    marked = root / "envbuilder.11"
+    (marked / "home" / ".cache").mkdir(parents=True)
+    (marked / "data" / "x.bin").parent.mkdir()
+    (marked / "data" / "x.bin").write_bytes(b"x" * 1000)
+    (marked / ".envbuilder-job").write_text("11\n")
+    run(marked)
+    assert not marked.exists()
+    emptied = root / "envbuilder.12"
+    emptied.mkdir()
+    run(emptied)
+    assert not emptied.exists()
+    unmarked = root / "envbuilder.13"
+    (unmarked / "keep").mkdir(parents=True)
+    run(unmarked)
+    assert (unmarked / "keep").is_dir()
+    victim = tmp_path / "victim"
+    (victim / "keep").mkdir(parents=True)
+    (victim / ".envbuilder-job").write_text("14\n")
+    link = root / "envbuilder.14"
+    link.symlink_to(victim)
+    run(link)
+    assert link.is_symlink() and (victim / "keep").is_dir()
+    other = root / "mine"
+    (other / "keep").mkdir(parents=True)
+    (other / ".envbuilder-job").write_text("15\n")
+    run(other)
+    assert (other / "keep").is_dir()
+
+
 def test_who_removes_the_node_local_folder_follows_the_site_profile(cli, write_spec, tmp_path):
     spec = write_spec(EVERYTHING)
     # job (default): one step per node keeps the folder and removes it; the batch script traps
     # TERM/INT/HUP and cleans its own node; stale folders of ended jobs are swept
     job = render(cli, tmp_path, spec, "--runtime", "host")
-    for line in ("trap 'remove_job_local; exit 0' USR1 TERM INT HUP", "trap 'exit 143' TERM",
-                 "trap cleanup EXIT", 'srun --overlap --kill-on-bad-exit=0 --ntasks-per-node=1',
+    for line in ("trap \"trap '' USR1 TERM INT HUP; remove_job_local; exit 0\" USR1 TERM INT HUP",
+                 "trap 'exit 143' TERM", "trap cleanup EXIT", "    trap '' TERM INT HUP",
+                 'srun --overlap --kill-on-bad-exit=0 --task-epilog="$node_epilog" --ntasks-per-node=1',
                  "bash -c node_step > \"$node_fifo\" &", "    sweep_stale || true",
                  'if state=$(squeue -h -t all -j "$id" -o %T 2>&1); then',
                  '    printf \'%s\\n\' "${SLURM_JOB_ID:-$$}" > "$JOB_LOCAL/.envbuilder-job"'):
         assert line in job, line
     # the trap is set before the folder is made, in the step and in the batch script
     step = job[job.index("node_step() {"):]
-    assert step.index("trap 'remove_job_local") < step.index("(make_job_local)")
+    assert step.index("remove_job_local; exit 0") < step.index("(make_job_local)")
+    # the cleanup ignores further signals first (the time limit sends TERM twice)
+    clean = job[job.index("cleanup() {"):]
+    assert clean.index("trap '' TERM INT HUP") < clean.index("remove_job_local")
     assert job.index("trap cleanup EXIT") < job.index("\nmake_job_local\n")
     # slurm: the site's per-job folder; job.sbatch removes nothing itself and keeps no step
     slurm = render(cli, tmp_path, spec, "--runtime", "host", "--site", str(site_file(tmp_path, local_cleanup="slurm")))
     assert "remove_job_local" not in slurm and "sweep_stale" not in slurm
-    assert "keeper_pid" not in slurm and "--overlap --kill-on-bad-exit=0" not in slurm
+    assert "keeper_pid" not in slurm and "--overlap --kill-on-bad-exit=0" not in slurm and "task-epilog" not in slurm
     assert 'srun --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none bash -c node_step' in slurm
     assert 'LOCAL_ROOT="${ENVBUILDER_LOCAL:-/local/ssd}"' in slurm
     # epilog: the same, and slurm-epilog.sh beside job.sbatch, for the site's local root

@@ -11,14 +11,22 @@ a site profile's key):
     job      (default, no admin needed) job.sbatch removes the folders itself: one step per node
              creates the folder (after its trap is set), stages, reports ready and then waits;
              it removes the folder when told (the normal end) or when Slurm signals the job
-             (scancel, time limit: TERM, then KILL after KillWait). The batch script's own traps
-             cover the batch node before that step is up. What a KILL still leaves (a step killed
-             before its trap ran, a node lost) is removed by the next envbuilder job of the same
-             user on that node, once Slurm says the old job is over: a leak lasts one job at most.
+             (scancel, time limit: TERM, then KILL after KillWait). At the time limit Slurm sends
+             TERM twice: a removal that did not ignore the second was cut short (two emptied
+             folders left, seen in CI), so the traps ignore further signals and so do the rm and
+             find they start. A KILL can still cut it short (KillWait over, srun turning the
+             batch step's TERM into a KILL of its step): slurmstepd also runs a task epilog after
+             the node step's task ends however it ended (`srun --task-epilog`, a file the batch
+             script writes into the run's output folder), which finishes the removal. The batch
+             script's own traps cover the batch node before that step is up. What still stays
+             (the node lost, an output folder mounted noexec) is removed by the next envbuilder
+             job of the same user on that node, once Slurm says the old job is over: a leak
+             lasts one job at most.
 
-Every folder carries a marker (`.envbuilder-job`, the job id). The removals take only a real
-folder (never a link) with the marker, owned by the job's user, and do not cross into another file
-system; no name is globbed or evaluated but the sweep's own `envbuilder.*` listing.
+Every folder carries a marker (`.envbuilder-job`, the job id), removed last. The removals take only
+a real folder (never a link) owned by the job's user, with the marker or else empty (a removal cut
+short), and do not cross into another file system; no name is globbed or evaluated but the sweep's
+own `envbuilder.*` listing.
 """
 
 from __future__ import annotations
@@ -34,6 +42,21 @@ READY = "envbuilder-node"          # what each node's step prints when its set-u
 # the states after which a job's folder is stale (squeue -t all)
 ENDED = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
          "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT")
+
+
+def remove_marked_lines() -> list[str]:
+    """remove_marked DIR: DIR is a real folder of this user (checked by the caller). Everything but
+    the marker goes first, the marker and the folder last: a removal cut short by a KILL leaves the
+    folder marked (the task epilog or a later sweep finishes it) or empty (removed with rmdir)."""
+    return [
+        "remove_marked() {",
+        f'    find "$1" -mindepth 1 -maxdepth 1 ! -name {MARKER} -exec rm -rf --one-file-system -- {{}} + 2>/dev/null || true',
+        f'    if [ -z "$(find "$1" -mindepth 1 -maxdepth 1 ! -name {MARKER} -print -quit 2>/dev/null)" ]; then',
+        f'        rm -f -- "$1/{MARKER}"',
+        '        rmdir -- "$1" 2>/dev/null || true',
+        "    fi",
+        "}",
+    ]
 
 
 def mode(stack: Stack) -> str:
@@ -61,10 +84,9 @@ def batch_lines(stack: Stack, runtime_cleanup: list[str]) -> list[str]:
     ]
     if m == "job":
         out += [
+            *remove_marked_lines(),
             "remove_job_local() {",
-            f'    if own_folder "$JOB_LOCAL" && [ -f "$JOB_LOCAL/{MARKER}" ]; then',
-            '        rm -rf --one-file-system -- "$JOB_LOCAL" 2>/dev/null || true',
-            "    fi",
+            f'    if own_folder "$JOB_LOCAL" && [ -f "$JOB_LOCAL/{MARKER}" ]; then remove_marked "$JOB_LOCAL"; fi',
             "}",
         ]
     if m == "slurm":
@@ -78,6 +100,9 @@ def batch_lines(stack: Stack, runtime_cleanup: list[str]) -> list[str]:
         *(["# folders, waits for them, then removes this node's folder if no step did"] if m == "job" else []),
         "tb_pid=''" + (" keeper_pid=''" if m == "job" else ""),
         "cleanup() {",
+        "    # a second TERM (the time limit sends two) must not cut the cleanup or its commands short:",
+        "    # ignored here, and so in every command it starts",
+        "    trap '' TERM INT HUP",
         '    if [ -n "$tb_pid" ]; then kill "$tb_pid" 2>/dev/null || true; fi',
         *runtime_cleanup,
     ]
@@ -95,7 +120,7 @@ def batch_lines(stack: Stack, runtime_cleanup: list[str]) -> list[str]:
         "trap 'exit 143' TERM",
         "trap 'exit 130' INT",
         "trap 'exit 129' HUP",
-        "export -f own_folder make_job_local" + (" remove_job_local" if m == "job" else ""),
+        "export -f own_folder make_job_local" + (" remove_marked remove_job_local" if m == "job" else ""),
     ]
     return out
 
@@ -120,7 +145,10 @@ def function_lines(stack: Stack) -> list[str]:
         "sweep_stale() {",
         "    local d id state",
         '    for d in "${JOB_LOCAL%/*}"/envbuilder.*; do',
-        f'        if ! own_folder "$d" || [ ! -f "$d/{MARKER}" ]; then continue; fi',
+        "        own_folder \"$d\" || continue",
+        f'        if [ ! -f "$d/{MARKER}" ] && [ -n "$(find "$d" -mindepth 1 -print -quit 2>/dev/null)" ]; then',
+        "            continue   # not marked, not empty: not known to be envbuilder's",
+        "        fi",
         "        id=${d##*/envbuilder.}",
         '        case $id in ""|*[!0-9]*) continue ;; esac',
         '        [ "$id" != "${SLURM_JOB_ID:-}" ] || continue',
@@ -130,14 +158,16 @@ def function_lines(stack: Stack) -> list[str]:
         '            case $state in *"Invalid job id"*) ;; *) continue ;; esac   # purged: long over',
         "        fi",
         '        note "removing $(hostname):$d, left by job $id (${state:-ended})"',
-        '        rm -rf --one-file-system -- "$d" 2>/dev/null || true',
+        '        if [ -f "$d/' + MARKER + '" ]; then remove_marked "$d"; else rmdir -- "$d" 2>/dev/null || true; fi',
         "    done",
         "}",
         "# One task per node for the job's length: its trap is set before the folder is made, so",
         "# whenever the step ends (told with USR1 at the end; TERM: scancel, time limit) the folder",
         "# goes with it. It reports the set-up's result on stdout, then waits",
         "node_step() {",
-        "    trap 'remove_job_local; exit 0' USR1 TERM INT HUP",
+        "    # at the time limit Slurm sends the step TERM twice: the removal ignores the second (rm",
+        "    # inherits the ignore), or it is cut short and leaves the folder behind",
+        "    trap \"trap '' USR1 TERM INT HUP; remove_job_local; exit 0\" USR1 TERM INT HUP",
         "    local rc=0",
         "    (make_job_local) || rc=$?",
         '    if [ "$rc" = 0 ]; then',
@@ -148,6 +178,37 @@ def function_lines(stack: Stack) -> list[str]:
         "    while :; do sleep 1 & wait $! || true; done",
         "}",
         "export -f sweep_stale node_step",
+    ]
+
+
+TASK_EPILOG = ".envbuilder-node-epilog"   # in the run's output folder (on every node)
+
+
+def task_epilog_lines() -> list[str]:
+    """The node step's task epilog: written by the batch script (static text, a quoted here-document),
+    run by slurmstepd as the user on each node after the node step's task ends, with the step's
+    environment ($JOB_LOCAL) and a 5 s limit. Its PATH is the system's: it runs rm and nothing
+    the job's environment chose."""
+    return [
+        "# After the node step's task ends, however it ended, slurmstepd runs this on its node",
+        "# (srun --task-epilog): at scancel and the time limit srun turns the TERM Slurm sends the",
+        "# batch step into a KILL of the node step, which can beat the step's own trap",
+        f'node_epilog="$OUTPUT_DIR/{TASK_EPILOG}"',
+        "cat > \"$node_epilog\" <<'ENVBUILDER_TASK_EPILOG'",
+        "#!/bin/bash",
+        "# envbuilder: removes this job's node-local folder when its node step ends (written by job.sbatch)",
+        "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+        *remove_marked_lines(),
+        'd=${JOB_LOCAL:-}',
+        'case $d in /*/envbuilder.[0-9]*) ;; *) exit 0 ;; esac',
+        "for _ in 1 2 3 4 5 6 7 8; do",
+        '    if [ ! -d "$d" ] || [ -L "$d" ] || [ ! -O "$d" ]; then exit 0; fi',
+        f'    if [ -f "$d/{MARKER}" ]; then remove_marked "$d"; else rmdir -- "$d" 2>/dev/null || exit 0; fi',
+        '    [ -e "$d" ] || exit 0',
+        "    sleep 0.5   # a rank still writing into it as it dies",
+        "done",
+        "ENVBUILDER_TASK_EPILOG",
+        'chmod 700 "$node_epilog"',
     ]
 
 
@@ -164,7 +225,9 @@ def launch_lines(stack: Stack) -> list[str]:
         'make_job_local',
         'rm -f "$node_fifo"',
         'mkfifo "$node_fifo"',
-        f'srun --overlap --kill-on-bad-exit=0 {tasks} bash -c node_step > "$node_fifo" &',
+        *task_epilog_lines(),
+        f'srun --overlap --kill-on-bad-exit=0 --task-epilog="$node_epilog" {tasks} bash -c node_step'
+        ' > "$node_fifo" &',
         "keeper_pid=$!",
         'exec {node_fd}<"$node_fifo"',
         'rm -f "$node_fifo"',

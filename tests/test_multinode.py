@@ -571,6 +571,33 @@ def test_at_the_time_limit_a_slow_removal_still_leaves_no_folder(cluster, shared
     print(f"time limit, rm 10 s late: folders gone {time.time() - t0:.1f} s after the job left RUNNING")
 
 
+def test_a_removal_cut_short_by_a_kill_is_finished_by_the_task_epilog(cluster, shared):
+    """CI once saw both nodes' folders emptied but left after a time limit: the node step's removal
+    was cut short. Made certain here: every rm the job's PATH finds starts 10 s late; the node step
+    gets TERM (its trap starts the removal), then KILL 3 s later, each from `scancel --signal`
+    while the job runs on. slurmstepd's task epilog (`srun --task-epilog`, the system's PATH) must
+    remove the folders; without it they stay until the next job's sweep (checked: they did)."""
+    site = shared / "killed-site.yaml"
+    site.write_text((Path(__file__).resolve().parent.parent / "sites" / "minicluster.yaml").read_text()
+                    .replace("local_scratch: /local ", "local_scratch: /local/killed ")
+                    .replace("local_cleanup: epilog ", "local_cleanup: job "))
+    job = staging_job(shared, "killed", site=("--site", str(site)))
+    left = lambda job_id: local_leftovers(job_id, "killed")         # noqa: E731
+    env = {**os.environ, **cluster}
+    job_id = submit(cluster, job, "sleep", "300", env=slow_bin(shared, "rm", 10))
+    try:
+        assert wait_for(lambda: f"job {job_id}: 4 rank(s)" in job_log(job, job_id), 120), job_log(job, job_id)
+        assert len(left(job_id)) == 2
+        t0 = time.time()
+        for signal in ("TERM", "KILL"):
+            subprocess.run(["scancel", f"--signal={signal}", f"{job_id}.0"], env=env, check=True, timeout=30)
+            time.sleep(3)
+        assert wait_for(lambda: not left(job_id), 10), (left(job_id), job_log(job, job_id)[-2000:])
+        print(f"node step killed during its removal: folders gone {time.time() - t0:.1f} s after its TERM")
+    finally:
+        subprocess.run(["scancel", job_id], env=env, timeout=30)
+
+
 def test_a_bind_on_one_node_only_stops_the_job_before_any_rank_naming_node_and_path(cluster, shared):
     name = f"only-on-n1-{uuid.uuid4().hex[:6]}"
     (ROOT / "local" / "mc-n1" / name).mkdir()           # /local/<name> on mc-n1, not on mc-n2

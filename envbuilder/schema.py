@@ -246,6 +246,11 @@ SPEC_FIELDS: dict[str, Field] = {
                        items=Field("string", "NAME=v1,v2,...", pattern=SWEEP_RE,
                                    pattern_hint="NAME=value1,value2 (NAME: letters, digits, _)"),
                        default=[], example=["LR=0.1,0.01", "BATCH=32,64"]),
+        "vet_min_nodes": i("Node vetting before training (off when unset): every node runs the image's "
+                           "own check (a known-answer compute check, an allreduce within the node, the "
+                           "fabric's device); failing or slow nodes (under half the best node's compute "
+                           "rate) are named and left out while at least this many remain, else the job "
+                           "stops with exit 2.", minimum=1, maximum=100000, example=1),
         "monitor": Field("list", "Monitoring: tensorboard (started on the first node, prints the "
                          "ssh -L line), timeline (Horovod timeline written by rank 0).",
                          items=Field("string", "what", enum=MONITORS), default=[]),

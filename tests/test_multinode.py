@@ -364,6 +364,86 @@ def test_charliecloud_on_two_nodes_with_the_image_converted_once_into_the_shared
           f"{cache}), job {report['slurm']['elapsed_s']} s")
 
 
+RANK_RECORD = ("import json, os, socket; r = int(os.environ['RANK']); "
+               "json.dump({'rank': r, 'host': socket.gethostname(), 'size': int(os.environ['WORLD_SIZE']), "
+               "'master': os.environ['MASTER_ADDR']}, open(os.path.join(os.environ['OUTPUT_DIR'], "
+               "'rank-%d.json' % r), 'w'))")
+
+
+@contextmanager
+def node_cpu_quota(node: str, percent: int):
+    """A slow node for real: the node container's CPU quota (its cgroup, v1 or v2) set to PERCENT
+    of one core for the block, then put back as it was."""
+    ident = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", node], capture_output=True, text=True,
+                           check=True, timeout=30).stdout.strip()
+    v1 = [Path(f"/sys/fs/cgroup/{c}/docker/{ident}/cpu.cfs_quota_us") for c in ("cpu", "cpu,cpuacct")]
+    v2 = [Path(f"/sys/fs/cgroup/system.slice/docker-{ident}.scope/cpu.max"), Path(f"/sys/fs/cgroup/docker/{ident}/cpu.max")]
+    path = next((f for f in v1 + v2 if f.is_file()), None)
+    if path is None:
+        pytest.skip(f"no CPU controller file for the container {node} (cgroup layout not known)")
+    old = path.read_text().strip()
+    path.write_text(str(1000 * percent) if path.name == "cpu.cfs_quota_us" else f"{1000 * percent} 100000")
+    try:
+        yield
+    finally:
+        path.write_text(old if path.name == "cpu.cfs_quota_us" else old)
+
+
+def test_node_vetting_names_a_slow_node_and_the_job_goes_on_without_it_or_stops(cluster, shared, ddp_image):
+    """cluster.vet_min_nodes: every node runs the image's own check (envbuilder_smoke.vet) before
+    the ranks. Both nodes healthy: both pass and the ranks use both. mc-n2 made slow for real (its
+    container's CPU quota at 15% of a core): it is named with its rate and the best node's, and the
+    job's ranks run on mc-n1 alone (srun --exclude, rank 0's address moved); with
+    ENVBUILDER_VET_MIN_NODES=2 the job stops with exit 2 before any rank, naming mc-n2."""
+    folder, cache = ddp_image
+    image = next((d for d in cache.iterdir() if (d / "opt").is_dir()), None) if cache.is_dir() else None
+    if image is None:                           # the charliecloud test above did not convert it
+        tag = json.loads((folder / "manifest.json").read_text())["image"]["tag"]
+        image = cache / "vet-image"
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["ch-convert", "-i", "docker", tag, str(image)], check=True, timeout=900,
+                       capture_output=True)
+    spec = shared / "vet.yaml"
+    spec.write_text((RECIPES / "cpu-torch-ddp.yaml").read_text().rstrip("\n")
+                    .replace("cluster:\n", "cluster:\n  vet_min_nodes: 1\n", 1) + "\n")
+    assert "vet_min_nodes: 1" in spec.read_text()
+    job = build_folder(spec, shared / "vet", "--runtime", "charliecloud")
+    script = job / "job.sbatch"
+    assert "envbuilder_smoke.vet" in script.read_text()
+    env = {"ENVBUILDER_IMAGE": str(image)}
+
+    def run(*extra_env):
+        proc_env = {**env, **dict(extra_env)}
+        args = ("--nodes=2", "--ntasks-per-node=2", "python", "-c", RANK_RECORD)
+        code, job_id, log = sbatch_wait({**cluster, **proc_env}, script, *args, timeout=400)
+        ranks = sorted(json.loads(p.read_text())["host"] for p in (job / "runs" / job_id).glob("rank-*.json"))
+        return code, log, ranks, [json.loads(p.read_text()) for p in (job / "runs" / job_id).glob("rank-*.json")]
+
+    t0 = time.time()
+    code, log, hosts, _ = run()
+    healthy_s = time.time() - t0
+    assert code == 0, log[-3000:]
+    assert "vetting: 2 of 2 node(s) passed" in log and "left out" not in log, log[-3000:]
+    assert re.search(r"vetting: mc-n1: compute \d+ Mflop/s, allreduce within the node \d+ MB/s", log), log[-3000:]
+    assert hosts == ["mc-n1", "mc-n1", "mc-n2", "mc-n2"], hosts
+    vet_s = int(re.search(r"passed in (\d+) s", log).group(1))
+
+    with node_cpu_quota("mc-n2", 15):
+        code, log, hosts, records = run()
+        assert code == 0, log[-3000:]
+        assert re.search(r"vetting: mc-n2 is left out: compute \d+ Mflop/s, below half of mc-n1's \d+", log), log[-3000:]
+        assert "vetting: 1 of 2 node(s) passed" in log, log[-3000:]
+        assert hosts == ["mc-n1", "mc-n1"], hosts
+        assert {(r["size"], r["master"]) for r in records} == {(2, "mc-n1")}, records
+
+        code, log, hosts, _ = run(("ENVBUILDER_VET_MIN_NODES", "2"))
+        assert code == 2, log[-3000:]
+        assert re.search(r"envbuilder: error: node vetting: 1 of 2 node\(s\) passed, the job needs 2 "
+                         r"\(cluster.vet_min_nodes or ENVBUILDER_VET_MIN_NODES\): mc-n2: compute \d+ Mflop/s", log), log[-3000:]
+        assert hosts == []
+    print(f"node vetting, 2 healthy nodes: the vetting step took {vet_s} s of a {healthy_s:.0f} s job")
+
+
 @long_build
 def test_charliecloud_horovod_over_mpi_on_two_nodes(cluster, shared):
     # the cpu-torch image compiles Horovod (minutes on 2 cores): outside CI's budget

@@ -116,6 +116,8 @@ TABLE = [
      "error", "cluster.gpus_per_node", "the image is a CPU stack"),
     ("CLUSTER_NO_GPU_NCCL", "gpu", {"cluster.gpus_per_node": 0},
      "error", "cluster.gpus_per_node", "needs a GPU on every rank"),
+    ("VET_MIN_NODES", "cpu-tf", {"cluster.nodes": 2, "cluster.vet_min_nodes": 3},
+     "error", "cluster.vet_min_nodes", "more than the job's 2 node(s)"),
     ("BIND_FORMAT", "gpu", {"cluster.binds": ["/scratch", "data:/data"]},
      "error", "cluster.binds[1]", "is not SRC[:DST[:ro|rw]]"),
     ("TF_NUMPY2", "cpu-tf", {"packages": {"pip": ["numpy==2.0.2"]}},

@@ -303,3 +303,33 @@ def test_the_node_epilog_removes_only_the_jobs_marked_folder(tmp_path):
     # another user's folder of that job id is not the job's
     wrong_uid = {"SLURM_JOB_ID": "102", "SLURM_JOB_UID": str(os.getuid() + 1), "PATH": "/usr/bin:/bin"}
     assert subprocess.run(["bash", str(script)], env=wrong_uid).returncode == 0 and other.exists()
+
+
+VETTED = """\
+name: vetted
+framework: {name: pytorch, version: "2.13.0+cpu"}
+python: "3.11"
+base: local/debian:bookworm
+distributed: {kind: torch, launcher: LAUNCHER}
+cluster: {nodes: 4, ntasks_per_node: 2, runtime: charliecloud, vet_min_nodes: 3}
+"""
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])
+def test_node_vetting_is_rendered_only_when_asked_and_reaches_the_ranks_step(cli, write_spec, tmp_path, launcher):
+    plain = render(cli, tmp_path, write_spec(VETTED.replace(", vet_min_nodes: 3", "").replace("LAUNCHER", launcher)))
+    assert "envbuilder_smoke.vet" not in plain and "rank_opts" not in plain and "RANK_NODES" not in plain
+    job = render(cli, tmp_path, write_spec(VETTED.replace("LAUNCHER", launcher)), "--runtime", "charliecloud")
+    assert 'VET_MIN_NODES="${ENVBUILDER_VET_MIN_NODES:-3}"' in job
+    assert '"${launch[@]}" python -m envbuilder_smoke.vet --local-ranks "$per_node"' in job
+    # vetting runs after every node's set-up and before the ranks; the ranks' srun takes its options
+    assert job.index("vet_nodes; fi") > job.index("bash -c node_step") and job.index("vet_nodes; fi") < job.rindex("run_ranks")
+    srun_line = "run_nodes() {" if launcher == "torchrun" else "run_ranks() {"
+    step = job[job.index(srun_line):]
+    assert '${rank_opts[@]+"${rank_opts[@]}"}' in step[:step.index("\n}\n")]
+    if launcher == "torchrun":
+        assert '--nnodes="${RANK_NODES:-${SLURM_JOB_NUM_NODES:-1}}"' in job and '--ntasks="$(( n * 1 ))"' in job
+    else:
+        assert "RANK_NODES" not in job and '--ntasks="$(( n * per_node ))"' in job
+    if shutil.which("shellcheck"):
+        assert shellcheck(job, tmp_path) == ""

@@ -481,3 +481,33 @@ def test_ranks_are_told_which_omp_num_threads_to_expect(monkeypatch):
     assert env["OMP_NUM_THREADS"] == "16"                     # the job's value, not the suite's split
     monkeypatch.setenv(OMP_EXPECT_ENV, env[OMP_EXPECT_ENV])
     assert expected_omp() == ("16", "job.sbatch: cpus-per-task")
+
+
+VET_LINE = r"envbuilder-vet (\S+) (ok|bad) (\d+) (\d+|-) (.+)"
+
+
+def test_node_vetting_line_with_numpy_and_torch_and_without_either():
+    """envbuilder_smoke.vet run for real: with the smoke venv (numpy, torch) it computes, sums
+    across 2 local gloo processes and passes; ENVBUILDER_FABRIC=ib on this machine (no RDMA device)
+    makes the node bad with the cause; the system Python (neither) still computes, skips the
+    allreduce."""
+    import re
+    from infra import SMOKE_VENV_PYTHON
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {k: v for k, v in os.environ.items() if k != "ENVBUILDER_FABRIC"}
+    env.update(PYTHONPATH=root, SLURMD_NODENAME="node7")
+    cases = [(SMOKE_VENV_PYTHON, {}), (SMOKE_VENV_PYTHON, {"ENVBUILDER_FABRIC": "ib"}), ("/usr/bin/python3", {})]
+    lines = []
+    for python, extra in cases:
+        if not os.path.exists(python):
+            pytest.skip(f"{python} is made by .ci/setup")
+        proc = subprocess.run([python, "-m", "envbuilder.smoke.vet", "--local-ranks", "2"], env={**env, **extra},
+                              capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr
+        m = re.fullmatch(VET_LINE, proc.stdout.strip())
+        assert m, proc.stdout
+        lines.append(m.groups())
+    (n1, v1, r1, a1, why1), (_, v2, _, _, why2), (_, v3, r3, a3, _) = lines
+    assert n1 == "node7" and v1 == "ok" and int(r1) > 0 and a1 != "-" and int(a1) > 0 and why1 == "-"
+    assert v2 == "bad" and why2 == "fabric ib: no RDMA device in the container (/dev/infiniband, /sys/class/infiniband)"
+    assert v3 == "ok" and int(r3) > 0 and a3 == "-"

@@ -448,6 +448,10 @@ def cluster_rules(spec: Spec, ctx: Context):
         yield Finding("CLUSTER_NO_GPU_NCCL", ERROR, "cluster.gpus_per_node",
                       "is 0, but horovod.operations has nccl, which needs a GPU on every rank",
                       "give the GPUs per node (e.g. gpus_per_node: 4), or drop nccl from horovod.operations", [])
+    if cl.vet_min_nodes and cl.vet_min_nodes > cl.nodes:
+        yield Finding("VET_MIN_NODES", ERROR, "cluster.vet_min_nodes",
+                      f"is {cl.vet_min_nodes}, more than the job's {cl.nodes} node(s): vetting could never pass",
+                      f"give at most cluster.nodes ({cl.nodes}), or more nodes", [])
     for n, bind in enumerate(cl.binds):
         parts = bind.split(":")
         if not parts[0].startswith("/") or len(parts) > 3 or (len(parts) == 3 and parts[2] not in ("ro", "rw")) \

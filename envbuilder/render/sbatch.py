@@ -22,7 +22,7 @@ from ..components.framework import cpu_env as framework_cpu_env
 from ..paths import MANIFEST_IN_IMAGE as IMAGE_MANIFEST, SMOKE_DIR
 from ..resolve import Stack
 from ..runtimes import Runtime, runtime as runtime_for
-from ..slurm import nodelocal, preflight, staging, sweeps, tfconfig
+from ..slurm import nodelocal, preflight, staging, sweeps, tfconfig, vetting
 from ..quoting import sbatch_value, shell_assign, shell_default, shell_word
 from .common import header
 
@@ -402,15 +402,17 @@ def _monitoring(stack: Stack, rt: Runtime) -> list[str]:
 def _launch(stack: Stack, rt: Runtime, pmi: str) -> list[str]:
     cl, spec = stack.spec.cluster, stack.spec
     gpu_bind = " --gpu-bind=none" if cl.gpus_per_node else ""
+    opts = vetting.rank_opts() if vetting.enabled(stack) else ""
     out = [""]
     out += rt.job_launch(spec.cuda is not None)
     out += [
         "",
     ]
     out += nodelocal.launch_lines(stack)
+    out += vetting.lines(stack, rt.srun_extra, rt.container, torchrun_mode(stack))
     out += _monitoring(stack, rt)
     if torchrun_mode(stack):
-        out += _torchrun_launch(stack, rt, gpu_bind)
+        out += _torchrun_launch(stack, rt, gpu_bind + opts)
     else:
         out += [
             "",
@@ -424,7 +426,7 @@ def _launch(stack: Stack, rt: Runtime, pmi: str) -> list[str]:
                     "# exports RANK/LOCAL_RANK/WORLD_SIZE inside the step (MASTER_ADDR/PORT: above)"]
         out += [
             "run_ranks() {",
-            f"    srun --mpi={pmi} --kill-on-bad-exit=1{gpu_bind}{rt.srun_extra} \\",
+            f"    srun --mpi={pmi} --kill-on-bad-exit=1{gpu_bind}{opts}{rt.srun_extra} \\",
             "        \"${launch[@]}\" bash -c 'rank_main \"$@\"' rank \"$@\"",
             "}",
         ]
@@ -448,6 +450,7 @@ def _launch(stack: Stack, rt: Runtime, pmi: str) -> list[str]:
 def _torchrun_launch(stack: Stack, rt: Runtime, gpu_bind: str) -> list[str]:
     """torch.distributed, torchrun mode: one Slurm task per node runs torchrun, which starts the
     node's ranks and meets the other nodes at a c10d rendezvous on the first node."""
+    nnodes = "${RANK_NODES:-${SLURM_JOB_NUM_NODES:-1}}" if vetting.enabled(stack) else "${SLURM_JOB_NUM_NODES:-1}"
     return [
         "",
         "# torchrun mode: one task per node; torchrun starts RANKS_PER_NODE ranks there and the",
@@ -460,7 +463,7 @@ def _torchrun_launch(stack: Stack, rt: Runtime, gpu_bind: str) -> list[str]:
         "}",
         "run_ranks() {",
         "    run_nodes python -m torch.distributed.run \\",
-        '        --nnodes="${SLURM_JOB_NUM_NODES:-1}" --nproc_per_node="$RANKS_PER_NODE" \\',
+        f'        --nnodes="{nnodes}" --nproc_per_node="$RANKS_PER_NODE" \\',
         '        --rdzv_backend=c10d --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" \\',
         '        --rdzv_id="${SLURM_JOB_ID:-0}" --no-python bash -c \'rank_main "$@"\' rank "$@"',
         "}",

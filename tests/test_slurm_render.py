@@ -333,3 +333,26 @@ def test_node_vetting_is_rendered_only_when_asked_and_reaches_the_ranks_step(cli
         assert "RANK_NODES" not in job and '--ntasks="$(( n * per_node ))"' in job
     if shutil.which("shellcheck"):
         assert shellcheck(job, tmp_path) == ""
+
+
+def test_pmix_modules_every_client_has_are_chosen_in_the_image_only_under_pmix(cli, tmp_path):
+    """srun --mpi=pmix: of the modules Slurm's PMIx server offers, the client in the container gets
+    native (psec) and hash (gds), never a list with munge it may lack; a value the image set is
+    kept; not for the host runtime, nor a stack launched with another plugin. Run by bash."""
+    lines = ('    if [ -z "${PMIX_MCA_psec:-}" ]; then case ",${PMIX_SECURITY_MODE:-}," in *,native,*) export PMIX_MCA_psec=native ;; esac; fi',
+             '    if [ -z "${PMIX_MCA_gds:-}" ]; then case ",${PMIX_GDS_MODULE:-}," in *,hash,*) export PMIX_MCA_gds=hash ;; esac; fi')
+    ch = render(cli, tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", "charliecloud")
+    assert "srun --mpi=pmix" in ch
+    rank_main = ch[ch.index("rank_main() {"):ch.index('    exec "$@"', ch.index("rank_main() {"))]
+    assert all(line in rank_main for line in lines)
+    assert "PMIX_SECURITY_MODE" not in render(cli, tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", "host")
+    assert "PMIX_SECURITY_MODE" not in render(cli, tmp_path, RECIPES / "cpu-torch-ddp.yaml", "--runtime", "charliecloud")
+    script = "\n".join(line.strip() for line in lines) + '\necho "${PMIX_MCA_psec:-unset} ${PMIX_MCA_gds:-unset}"\n'
+
+    def run(**env):
+        return subprocess.run(["bash", "-c", script], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+    assert run(PMIX_SECURITY_MODE="munge,native", PMIX_GDS_MODULE="ds21,ds12,hash") == "native hash"
+    assert run(PMIX_SECURITY_MODE="munge", PMIX_GDS_MODULE="ds21") == "unset unset"
+    assert run(PMIX_SECURITY_MODE="native", PMIX_MCA_psec="none", PMIX_GDS_MODULE="hash", PMIX_MCA_gds="ds12") == "none ds12"
+    assert run() == "unset unset"

@@ -326,6 +326,25 @@ def _site_mpi_binds(stack: Stack, rt: Runtime) -> list[str]:
     return out
 
 
+# Slurm's pmix plugin offers each task the server's PMIx modules (PMIX_SECURITY_MODE=munge,native and
+# PMIX_GDS_MODULE=ds21,ds12,hash from Slurm 22.05's pmix_v4 here). pyxis hands them to the client in
+# the container as PMIX_MCA_psec/gds/ptl (NVIDIA/pyxis pyxis_slurmstepd.c, pmix_remap_list), but a
+# client stops at a listed module it lacks ("psec munge" not found: pyxis #139, and the Open MPI wheel
+# here). So the client gets the module every PMIx build has, when the server offers it: native (psec),
+# hash (gds); a value the image set is kept; the transport follows PMIX_SERVER_URI as it is.
+PMIX_COMMON = (("PMIX_SECURITY_MODE", "PMIX_MCA_psec", "native"), ("PMIX_GDS_MODULE", "PMIX_MCA_gds", "hash"))
+
+
+def _pmix_remap(stack: Stack, container: bool) -> list[str]:
+    if not container or not pmi_plugin(stack).startswith("pmix"):
+        return []
+    out = ["    # srun --mpi=pmix: the PMIx modules the server offers that every client has (not munge)"]
+    for offer, param, module in PMIX_COMMON:
+        out.append(f'    if [ -z "${{{param}:-}}" ]; then case ",${{{offer}:-}}," in *,{module},*) '
+                   f"export {param}={module} ;; esac; fi")
+    return out
+
+
 def _rank_setup(stack: Stack, container: bool) -> list[str]:
     return [
         "",
@@ -337,6 +356,7 @@ def _rank_setup(stack: Stack, container: bool) -> list[str]:
         '        export RANK="${SLURM_PROCID:-0}" LOCAL_RANK="${SLURM_LOCALID:-0}" WORLD_SIZE="${SLURM_NTASKS:-1}"',
         '        export LOCAL_WORLD_SIZE="${SLURM_NTASKS_PER_NODE:-${SLURM_TASKS_PER_NODE%%(*}}"',
         "    fi",
+        *_pmix_remap(stack, container),
         *tfconfig.rank_lines(stack),
         *preflight.rank_lines(stack),
         *(['    # the site\'s MPI before the image\'s own (cluster.site_mpi)',

@@ -24,6 +24,7 @@ import sys
 import time
 
 from .fabric import FABRIC_ENV, rdma_devices, verbs_provider_present
+from .spawn import free_port
 
 TAG = "envbuilder-vet"
 RDMA_FABRICS = ("ib", "roce", "efa", "slingshot")
@@ -85,14 +86,6 @@ if rank == 0:
     print("%d %.1f" % (int(ok), busbw / 1e6))
 dist.destroy_process_group()
 """
-
-
-def free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def allreduce_within(local_ranks):

@@ -123,6 +123,14 @@ TABLE = [
     ("TF_NUMPY2", "cpu-tf", {"packages": {"pip": ["numpy==2.0.2"]}},
      "error", "packages.pip[0]", "built against NumPy 1.x"),
     # --- fabric (cluster.fabric, a site profile's key)
+    # --- GPU drivers and distributed backends (rules_gpu.py, rules_distributed.py)
+    ("FWD_COMPAT_UNNEEDED", "gpu", {"cluster.driver": "580.65.06", "packages.apt": ["cuda-compat-11-8"]},
+     "warning", "packages.apt", "runs CUDA 11.8 without cuda-compat"),
+    ("DRIVER_FORWARD_COMPAT", "gpu", {"cluster.driver": "440.33.01", "cluster.gpu": "a100",
+                                      "packages.apt": ["cuda-compat-11-8"]},
+     "info", "cluster.driver", "so the image's cuda-compat runs it"),
+    ("DIST_GLOO_GPU", "gpu-torch-ddp", {"distributed.backend": "gloo"},
+     "warning", "distributed.backend", "moves every gradient through host memory and TCP"),
     ("FABRIC_CUDA_COMPAT", "gpu", {"cluster.fabric": "ib", "cluster.gpu": "a100", "packages.apt": ["cuda-compat-11-8"]},
      "warning", "packages.apt", "hangs multi-node NCCL"),
     ("FABRIC_PLUGIN_TRIPLE", "gpu", {"cluster.fabric": "efa"},
@@ -195,11 +203,9 @@ def test_presets_pass(cli, preset):
 
 
 def rule_codes() -> set[str]:
-    """The codes rules.py and rules_fabric.py can emit: every `Finding("CODE"` in their text.
-    (rules_gpu.py and rules_distributed.py are not scanned yet: DIST_GLOO_GPU,
-    DRIVER_FORWARD_COMPAT and FWD_COMPAT_UNNEEDED have no test naming them.)"""
+    """The codes the rule modules (compat/rules.py, rules_*.py) can emit: every `Finding("CODE"`."""
     return set(re.findall(r'Finding\(\s*"([A-Z0-9_]+)"', "\n".join(
-        (RULES_PY.parent / name).read_text() for name in ("rules.py", "rules_fabric.py"))))
+        p.read_text() for p in sorted(RULES_PY.parent.glob("rules*.py")))))
 
 
 def test_every_rule_code_has_a_test():

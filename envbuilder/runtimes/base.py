@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
-Suite = Callable[[str | None], list[str]]   # manifest path inside the image (or None) -> suite args
+Suite = Callable[[Optional[str]], list[str]]   # manifest path inside the image (or None) -> suite args (evaluated at import: Python 3.9 has no `str | None` there)
 
 
 @dataclass

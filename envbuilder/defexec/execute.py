@@ -302,6 +302,8 @@ def execute(folder: Path, *, tag: str, ca_bundle: str | None = None, netrc: str 
     if not path.is_file():
         raise EnvbuilderError("FOLDER", f"{folder} has no {DEF_NAME}",
                               "give an output folder of `envbuilder build` whose spec lists apptainer in targets")
+    deffile = path.read_bytes()
+    stages = parse(deffile.decode("utf-8", errors="replace"), str(path))
     check_inputs(ca_bundle, wheelhouse)
     if netrc and not Path(netrc).is_file():
         raise EnvbuilderError("--netrc", f"no such file: {netrc}", "give a netrc file: machine HOST login USER password TOKEN")
@@ -309,8 +311,6 @@ def execute(folder: Path, *, tag: str, ca_bundle: str | None = None, netrc: str 
         raise EnvbuilderError("defexec", "executing the definition file needs root (it mounts the working "
                               "containers with `buildah mount` to copy %files as Apptainer does)",
                               "run it as root; as a user, build the Dockerfile instead: envbuilder build SPEC --engine podman")
-    deffile = path.read_bytes()
-    stages = parse(deffile.decode("utf-8", errors="replace"), str(path))
     engine = OciEngine("buildah")
     check_disk(engine, b"nvidia" in deffile)
     bases, epoch = _locked_bases(folder)

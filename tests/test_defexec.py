@@ -122,6 +122,9 @@ def test_ddp_definition_files_image_passes_verify_with_two_ranks(ddp, tmp_path):
     assert checks["versions.packages"]["status"] == "pass" and checks["versions.apt"]["status"] == "pass"
     assert checks["env.locale"]["figure"] == "C.UTF-8"          # from %environment, through the exec action
     assert f"OK: cpu-torch-ddp (docker {record['tag']})" in v.out
+    # verify names what it ran: the folder's definition-file image (defexec.json), not the Dockerfile's
+    assert (f"image: the definition file executed with buildah, digest {record['digest']}, id {record['id']}; "
+            "the image verified is that build") in v.out
 
 
 def test_ddp_singularity_metadata_as_apptainer_writes_it(ddp):

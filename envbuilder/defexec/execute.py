@@ -168,6 +168,11 @@ class Run:
                               or f"buildah {args[0]} exit {proc.returncode}", f"the full log is {self.log.name}")
         return proc.stdout.strip()
 
+    def remove(self, name: str) -> None:
+        ctr, _ = self.containers.pop(name)
+        self.log.write(f"$ buildah rm {ctr}   # stage {name}: no later stage copies from it\n")
+        subprocess.run([self.engine.binary, "rm", ctr], capture_output=True)
+
     def cleanup(self) -> None:
         for ctr, _ in self.containers.values():
             subprocess.run([self.engine.binary, "rm", ctr], capture_output=True)
@@ -349,6 +354,10 @@ def execute(folder: Path, *, tag: str, ca_bundle: str | None = None, netrc: str 
                             _copy_from_stage(run, run.containers[src_stage][1], root, src, dst, f"{label} ({src})")
                         else:
                             _copy_from_host(run, context, root, src, dst, f"{label} ({src})")
+                # a stage no later stage copies from is done with: its container goes now (disk)
+                for done in [n for n in run.containers if n != name
+                             and not any(src == n for later in stages[i + 1:] for src, _ in later.files())]:
+                    run.remove(done)
                 post = stage.section("post")
                 post_s = 0.0
                 if post is not None and post.body.strip():
@@ -373,5 +382,8 @@ def execute(folder: Path, *, tag: str, ca_bundle: str | None = None, netrc: str 
               "log": str(log_path)}
     if export_docker:
         record["exports"] = {"docker": export_image("buildah", tag, "docker", folder)}
+        # Docker keeps the image under its own ID (the config converted): what `verify` sees there
+        proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True)
+        record["docker_id"] = proc.stdout.strip() or None
     write_atomic(folder / RECORD, json.dumps(record, indent=2) + "\n")
     return record

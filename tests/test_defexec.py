@@ -156,6 +156,30 @@ def test_ddp_singularity_metadata_as_apptainer_writes_it(ddp):
     assert ran.stdout.strip() == "42", ran.stderr
 
 
+# --- every preset's definition file, without an engine ------------------------------------------
+
+@pytest.mark.parametrize("folder", sorted(p.parent.name for p in (RECIPES.parent / "images").glob("*/Apptainer.def")))
+def test_every_presets_definition_file_parses_and_its_pip_steps_can_trust_a_proxy(folder):
+    """The parser defexec runs takes every generated file; each %post step that downloads reads the
+    CA bundle and netrc bound at build time (`apptainer build --bind`), as the Dockerfile's steps
+    read BuildKit's secrets: without them %post's pip cannot reach PyPI behind a TLS-intercepting
+    proxy (what executing the file here showed)."""
+    from envbuilder.defexec.deffile import parse
+
+    text = (RECIPES.parent / "images" / folder / "Apptainer.def").read_text()
+    stages = parse(text)
+    assert stages[-1].section("environment") and stages[-1].section("runscript") and stages[-1].section("labels")
+    for stage in stages:
+        post = stage.section("post")
+        assert post is not None
+        steps = post.body.split("    (\n")[1:]
+        downloading = [s for s in steps if "PIP_FIND_LINKS=/wheelhouse" in s]
+        for step in downloading:
+            assert "if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca CURL_CA_BUNDLE=/run/secrets/ca; fi" in step
+            assert "if [ -s /run/secrets/netrc ]; then export NETRC=/run/secrets/netrc; fi" in step
+    assert "apptainer build --bind /etc/ssl/certs/ca-certificates.crt:/run/secrets/ca" in text
+
+
 # --- bad input --------------------------------------------------------------------------------------
 
 def small_folder(tmp_path: Path, definition: str) -> Path:

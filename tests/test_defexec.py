@@ -233,6 +233,11 @@ def test_a_folder_without_a_definition_file_is_refused(tmp_path):
     assert "lists apptainer in targets" in r.err and "Traceback" not in r.err
     r = run_envbuilder("defexec", str(folder), "--compare-only")
     assert r.code == 2 and "--compare-only: there is nothing to compare with" in r.err and "fix: add --compare IMAGE" in r.err
+    (folder / "Apptainer.def").write_text("Bootstrap: docker-daemon\nFrom: local/debian:bookworm\n")
+    r = run_envbuilder("defexec", str(folder), "--compare-only", "--compare", "envbuilder-test/no-such:image",
+                       "--tag", "envbuilder-test/no-such:def")
+    assert r.code == 2 and "--compare: image envbuilder-test/no-such:def is neither in buildah's storage nor in " \
+        "the Docker engine" in r.err and "fix: execute the definition file first" in r.err, r.err
 
 
 # --- the other CPU presets and one GPU-from-PyPI preset: ENVBUILDER_LONG_BUILDS=1 --------------------

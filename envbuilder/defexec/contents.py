@@ -21,7 +21,9 @@ from typing import IO
 
 from ..errors import CheckFailed, EnvbuilderError
 
-METADATA = re.compile(r"^/(?:.*/)?(?:site|dist)-packages/[^/]+\.dist-info/METADATA$")
+# a distribution's metadata: wheels' dist-info/METADATA; setuptools' egg-info (a folder with PKG-INFO,
+# or one file, as Debian's python3-* packages install it)
+METADATA = re.compile(r"^/(?:.*/)?(?:site|dist)-packages/[^/]+(?:\.dist-info/METADATA|\.egg-info/PKG-INFO|\.egg-info)$")
 DPKG_STATUS = "/var/lib/dpkg/status"
 # what a container engine puts into every container's file tree (docker export shows them; they
 # are bind targets at run time, Apptainer's included): not compared
@@ -53,7 +55,7 @@ def _metadata(path: str, data: bytes, out: Contents) -> None:
         elif line.startswith("Version:"):
             version = line.split(":", 1)[1].strip()
     if name and version:
-        out.python[f"{_canonical(name)}=={version}"] = path.rsplit("/", 2)[0]
+        out.python[f"{_canonical(name)}=={version}"] = path.split("-packages/")[0] + "-packages"
 
 
 def _dpkg(data: bytes, out: Contents) -> None:
@@ -161,7 +163,8 @@ def _from_docker(ref: str, docker: str) -> Contents:
     return out
 
 
-def read_image(ref: str) -> Contents:
+def read_image(ref: str, fix: str = "give the tag of the Dockerfile's build (manifest.json image.tag), built "
+               "first: envbuilder build SPEC") -> Contents:
     """The contents of REF: from buildah's storage when it is there, else from the Docker engine."""
     buildah = shutil.which("buildah")
     if buildah and subprocess.run([buildah, "inspect", "--type", "image", ref], capture_output=True).returncode == 0:
@@ -172,9 +175,7 @@ def read_image(ref: str) -> Contents:
     docker = shutil.which("docker")
     if docker and subprocess.run([docker, "image", "inspect", ref], capture_output=True).returncode == 0:
         return _from_docker(ref, docker)
-    raise EnvbuilderError("--compare", f"image {ref} is neither in buildah's storage nor in the Docker engine",
-                          "give the tag of the Dockerfile's build (manifest.json image.tag), built first: "
-                          "envbuilder build SPEC")
+    raise EnvbuilderError("--compare", f"image {ref} is neither in buildah's storage nor in the Docker engine", fix)
 
 
 WHAT = ("type", "mode", "owner", "group", "size", "link target", "content")
@@ -196,7 +197,9 @@ def _collapse(paths: set[str]) -> list[tuple[str, int]]:
 def compare_images(a_ref: str, b_ref: str) -> dict:
     """A: the definition file's image, B: the Dockerfile's. Files by path; packages by name and
     version. Modification times are not compared (cp -r and COPY set them differently)."""
-    a, b = read_image(a_ref), read_image(b_ref)
+    a = read_image(a_ref, "execute the definition file first: envbuilder defexec FOLDER (without --compare-only), "
+                          "or give its image with --tag")
+    b = read_image(b_ref)
     for c in (a, b):
         for path in RUNTIME_PATHS:
             c.files.pop(path, None)

@@ -109,6 +109,21 @@ def test_ddp_definition_file_gives_the_dockerfiles_packages(ddp):
     assert "differ  /opt" not in files and "A only  /opt" not in files and "B only  /opt" not in files
 
 
+def test_ddp_comparison_as_json(ddp):
+    """--compare-only: the image already made, compared again; --json lists every difference."""
+    out, docker_tag, r, record = ddp
+    assert r.code == 0, r.err[-2000:]
+    j = run_envbuilder("defexec", str(out), "--compare-only", "--compare", docker_tag, "--json", timeout=600)
+    assert j.code == 0, j.err[-2000:]
+    data = json.loads(j.out)
+    assert data["ok"] is True and "image" not in data
+    diff = data["compare"]
+    assert diff["same_packages"] is True and diff["a"]["ref"] == record["tag"] and diff["b"]["ref"] == docker_tag
+    assert diff["python"]["same"] == 13 and not diff["python"]["only_a"] and not diff["python"]["only_b"]
+    assert {x["path"] for x in diff["files"]["only_a"]} >= {"/.singularity.d", "/environment", "/singularity"}
+    assert diff["files"]["differ"] == []
+
+
 def test_ddp_definition_files_image_passes_verify_with_two_ranks(ddp, tmp_path):
     out, _, r, record = ddp
     assert r.code == 0, r.err[-2000:]

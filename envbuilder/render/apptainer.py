@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..plan import Copy, Plan, Step
 from ..quoting import apptainer_export, apptainer_line, apptainer_text, image_ref, shell_words
-from .common import export_line, header
+from .common import CA_SECRET, NETRC_SECRET, export_line, header, network_setup
 
 
 def _bootstrap(base: str) -> tuple[str, str]:
@@ -23,7 +23,9 @@ def _post(steps: list[Step], drop_wheelhouse: bool) -> list[str]:
         if step.build_env:
             body.append(export_line(step.build_env))
         if step.network:
-            body.append("export PIP_FIND_LINKS=/wheelhouse")
+            # the same lines as the Dockerfile's: the site's CA bundle and a private index's login
+            # reach %post as files bound at build time (apptainer build --bind), never copied in
+            body += network_setup()
         body += step.commands
         lines.append("    (")
         lines += [f"        {apptainer_line(c, f'{step.component} step')}" for c in body]
@@ -56,6 +58,9 @@ def render_apptainer(plan: Plan, spec_sha: str) -> str:
         "",
         f"Build:  apptainer build {plan.name}.sif Apptainer.def   (runs %test: the smoke suite)",
         "Local wheels (offline sites) go in ./wheelhouse/ (copied into the build stage only).",
+        "Behind a TLS-intercepting proxy, bind the CA bundle for %post (never copied into the image):",
+        f"  apptainer build --bind /etc/ssl/certs/ca-certificates.crt:{CA_SECRET} {plan.name}.sif Apptainer.def",
+        f"  (a private pip index's login: --bind NETRC_FILE:{NETRC_SECRET})",
     ])
     multi = len(plan.stages) > 1
     for stage in plan.stages:

@@ -1,0 +1,286 @@
+"""The definition file executed with buildah (`envbuilder defexec`): a preset's Apptainer.def run
+section by section as Apptainer runs it (no Apptainer here), the image it gives verified with 2
+ranks, and compared with the Dockerfile's image of the same lock: the same Python and OS packages
+(asserted), the files that differ printed.
+
+CI: cpu-torch-ddp (the cheapest preset with a framework: no compile). The Dockerfile's image is
+the one tests/test_distributed_ddp.py builds (same tag, kept for the run; here its layers come from
+the build cache). With ENVBUILDER_LONG_BUILDS=1 also the other CPU presets (two Horovod compiles
+each: Dockerfile and definition file) and the GPU-from-PyPI DDP preset.
+
+Bad input (no definition file, a stage envbuilder cannot run, a %post that fails) is one
+message naming the step and the fix, no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, run_envbuilder
+from infra import base_image, docker_cli, keep_for_run, long_build, require_binary, require_docker, wheelhouse
+
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+def docker(*args: str, check: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run([docker_cli(), *args], capture_output=True, text=True, check=check)
+
+
+def needs_engines() -> None:
+    require_docker()
+    base_image()
+    require_binary("buildah", "run .ci/install-system.sh")
+    if os.geteuid() != 0:
+        pytest.skip("defexec runs buildah as root (buildah mount)")
+
+
+def locked_and_built(recipe: Path, out: Path, *extra: str) -> tuple[str, float]:
+    """A locked output folder of RECIPE and its Dockerfile's image (Docker): (tag, build seconds)."""
+    r = run_envbuilder("lock", str(recipe), "--out", str(out), *extra, timeout=900)
+    assert r.code == 0, r.err[-2000:]
+    probe = run_envbuilder("build", str(recipe), "--no-build", "--out", str(out))
+    assert probe.code == 0, probe.err
+    tag = json.loads((out / "manifest.json").read_text())["image"]["tag"]
+    keep_for_run(tag)
+    t0 = time.time()
+    r = run_envbuilder("build", str(recipe), "--out", str(out), "--ca-bundle", CA_BUNDLE, *extra, timeout=3600)
+    assert r.code == 0, r.err[-3000:]
+    return tag, time.time() - t0
+
+
+def defexec(out: Path, docker_tag: str, *extra: str):
+    t0 = time.time()
+    r = run_envbuilder("defexec", str(out), "--ca-bundle", CA_BUNDLE, "--export", "--compare", docker_tag, *extra,
+                       timeout=3600)
+    return r, time.time() - t0
+
+
+def remove_def_image(tag: str) -> None:
+    docker("rmi", "-f", tag)
+    subprocess.run(["buildah", "rmi", "-f", tag], capture_output=True)
+
+
+def assert_same_packages(r, docker_tag: str) -> None:
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    assert "Traceback" not in r.err
+    assert re.search(r"^Python packages: the same \(\d+, name==version\)$", r.out, re.M), r.out
+    assert re.search(r"^OS packages \(dpkg\): the same \(\d+, name=version\)$", r.out, re.M), r.out
+    assert "B (the Dockerfile's image):" in r.out and docker_tag in r.out
+
+
+# --- cpu-torch-ddp, in CI ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory):
+    needs_engines()
+    out = tmp_path_factory.mktemp("defexec") / "cpu-torch-ddp"
+    docker_tag, build_s = locked_and_built(RECIPES / "cpu-torch-ddp.yaml", out, "--wheelhouse", wheelhouse())
+    r, seconds = defexec(out, docker_tag, "--wheelhouse", wheelhouse())
+    record = json.loads((out / "defexec.json").read_text()) if (out / "defexec.json").is_file() else {}
+    yield out, docker_tag, r, record
+    print(f"\ncpu-torch-ddp: Dockerfile build {build_s:.0f} s; definition file executed with buildah and "
+          f"compared {seconds:.0f} s ({record.get('size_bytes', 0) / 1e6:.0f} MB)")
+    if record.get("tag"):
+        remove_def_image(record["tag"])
+
+
+def test_ddp_definition_file_gives_the_dockerfiles_packages(ddp):
+    out, docker_tag, r, record = ddp
+    print("\n" + r.out)
+    assert_same_packages(r, docker_tag)
+    assert record["what"] == "definition file executed with buildah"
+    assert [s["stage"] for s in record["stages"]] == ["devel", "runtime"]
+    # the stages ran as the definition file says, %post under /bin/sh -ex
+    assert "[devel 1/2] %files: pins -> /pins, wheelhouse -> /wheelhouse" in r.err
+    assert "[runtime 2/2] %files from devel: /opt/venv -> /opt/venv" in r.err
+    log = (out / "defexec.log").read_text()
+    assert "/.singularity.d/actions/exec /bin/sh -ex /.post.script" in log
+    assert "+ python3 -m venv /opt/venv" in log               # the -x trace of the definition's own lines
+    # what differs is the runtime's part only: Apptainer's metadata, the Dockerfile's WORKDIR
+    files = r.out[r.out.index("files:"):]
+    assert "A only  /.singularity.d" in files and "B only  /workspace" in files
+    assert "differ  /opt" not in files and "A only  /opt" not in files and "B only  /opt" not in files
+
+
+def test_ddp_comparison_as_json(ddp):
+    """--compare-only: the image already made, compared again; --json lists every difference."""
+    out, docker_tag, r, record = ddp
+    assert r.code == 0, r.err[-2000:]
+    j = run_envbuilder("defexec", str(out), "--compare-only", "--compare", docker_tag, "--json", timeout=600)
+    assert j.code == 0, j.err[-2000:]
+    data = json.loads(j.out)
+    assert data["ok"] is True and "image" not in data
+    diff = data["compare"]
+    assert diff["same_packages"] is True and diff["a"]["ref"] == record["tag"] and diff["b"]["ref"] == docker_tag
+    assert diff["python"]["same"] == 13 and not diff["python"]["only_a"] and not diff["python"]["only_b"]
+    assert {x["path"] for x in diff["files"]["only_a"]} >= {"/.singularity.d", "/environment", "/singularity"}
+    assert diff["files"]["differ"] == []
+
+
+def test_ddp_definition_files_image_passes_verify_with_two_ranks(ddp, tmp_path):
+    out, _, r, record = ddp
+    assert r.code == 0, r.err[-2000:]
+    report = tmp_path / "report.json"
+    v = run_envbuilder("verify", str(out), "--image", record["tag"], "--runtime", "docker", "--ranks", "2",
+                       "--report", str(report), timeout=900)
+    assert v.code == 0, v.out + v.err[-3000:]
+    checks = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
+    assert checks["dist.init[torch]"]["figure"] == "2 ranks, gloo"
+    assert checks["train.ddp[torch]"]["status"] == "pass"
+    assert checks["versions.packages"]["status"] == "pass" and checks["versions.apt"]["status"] == "pass"
+    assert checks["env.locale"]["figure"] == "C.UTF-8"          # from %environment, through the exec action
+    assert f"OK: cpu-torch-ddp (docker {record['tag']})" in v.out
+    # verify names what it ran: the folder's definition-file image (defexec.json), not the Dockerfile's
+    assert (f"image: the definition file executed with buildah, digest {record['digest']}, id {record['id']}; "
+            "the image verified is that build") in v.out
+
+
+def test_ddp_singularity_metadata_as_apptainer_writes_it(ddp):
+    out, _, r, record = ddp
+    assert r.code == 0, r.err[-2000:]
+    tag = record["tag"]
+    probe = docker("run", "--rm", "--entrypoint", "/bin/sh", tag, "-c",
+                   "cat /.singularity.d/env/90-environment.sh; echo ===; cat /.singularity.d/runscript; echo ===;"
+                   "cat /.singularity.d/labels.json; echo ===; cat /.singularity.d/Singularity; echo ===;"
+                   "readlink /environment /singularity; ls /run/secrets /wheelhouse /pins 2>&1; true")
+    env, runscript, labels, definition, rest = probe.stdout.split("===\n")
+    assert env.startswith("#!/bin/sh\n# Custom environment shell code should follow\n")
+    assert 'export PATH="/opt/venv/bin:$PATH"' in env
+    assert runscript == '#!/bin/sh\n\n    exec python "$@"\n'
+    data = json.loads(labels)
+    assert data["dev.envbuilder.spec-sha256"] == json.loads((out / "manifest.json").read_text())["spec_sha256"]
+    assert data["org.label-schema.usage.singularity.deffile.bootstrap"] == "docker-daemon"
+    assert data["org.label-schema.usage.singularity.deffile.stage"] == "runtime"
+    assert definition == (out / "Apptainer.def").read_text()
+    assert ".singularity.d/env/90-environment.sh" in rest and ".singularity.d/runscript" in rest
+    # the CA bundle's bind point, the pins and the wheels are not in the image
+    for gone in ("/run/secrets", "/wheelhouse", "/pins"):
+        assert f"'{gone}': No such file" in rest, rest
+    # `docker run IMAGE CMD` is `apptainer exec x.sif CMD`: the environment comes from the env scripts
+    shown = docker("run", "--rm", tag, "python", "-c", "import os, sys; print(sys.prefix, os.environ['LC_ALL'])")
+    assert shown.stdout.strip() == "/opt/venv C.UTF-8", shown.stderr
+    # and with no command, the runscript (python), as `apptainer run`
+    ran = subprocess.run([docker_cli(), "run", "--rm", "-i", tag], input="print(6 * 7)\n", capture_output=True, text=True)
+    assert ran.stdout.strip() == "42", ran.stderr
+
+
+# --- every preset's definition file, without an engine ------------------------------------------
+
+@pytest.mark.parametrize("folder", sorted(p.parent.name for p in (RECIPES.parent / "images").glob("*/Apptainer.def")))
+def test_every_presets_definition_file_parses_and_its_pip_steps_can_trust_a_proxy(folder):
+    """The parser defexec runs takes every generated file; each %post step that downloads reads the
+    CA bundle and netrc bound at build time (`apptainer build --bind`), as the Dockerfile's steps
+    read BuildKit's secrets: without them %post's pip cannot reach PyPI behind a TLS-intercepting
+    proxy (what executing the file here showed)."""
+    from envbuilder.defexec.deffile import parse
+
+    text = (RECIPES.parent / "images" / folder / "Apptainer.def").read_text()
+    stages = parse(text)
+    assert stages[-1].section("environment") and stages[-1].section("runscript") and stages[-1].section("labels")
+    for stage in stages:
+        post = stage.section("post")
+        assert post is not None
+        steps = post.body.split("    (\n")[1:]
+        downloading = [s for s in steps if "PIP_FIND_LINKS=/wheelhouse" in s]
+        for step in downloading:
+            assert "if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca CURL_CA_BUNDLE=/run/secrets/ca; fi" in step
+            assert "if [ -s /run/secrets/netrc ]; then export NETRC=/run/secrets/netrc; fi" in step
+    assert "apptainer build --bind /etc/ssl/certs/ca-certificates.crt:/run/secrets/ca" in text
+
+
+# --- bad input --------------------------------------------------------------------------------------
+
+def small_folder(tmp_path: Path, definition: str) -> Path:
+    folder = tmp_path / "out"
+    folder.mkdir()
+    shutil.copy(RECIPES.parent / "images" / "cpu-torch-ddp" / "manifest.json", folder / "manifest.json")
+    (folder / "Apptainer.def").write_text(definition)
+    return folder
+
+
+def test_a_failing_post_names_the_stage_and_the_command_under_sh(tmp_path):
+    """%post runs under /bin/sh (dash on Debian), not bash: a bash-only test fails there, as it
+    would in `apptainer build`, and the message names the stage and the line."""
+    needs_engines()
+    folder = small_folder(tmp_path, "Bootstrap: docker-daemon\nFrom: local/debian:bookworm\nStage: only\n\n"
+                          "%post\n    echo fine\n    [[ -d /opt ]]\n    echo never\n")
+    r = run_envbuilder("defexec", str(folder), "--tag", "localhost/envbuilder-test/defexec:fails", timeout=300)
+    assert r.code == 1, r.out + r.err
+    assert "error: definition file: %post of stage only: /bin/sh -ex exited 127; the last command: [[ -d /opt ]]" in r.err
+    assert f"fix: the full log is {folder / 'defexec.log'}" in r.err and "Traceback" not in r.err
+    assert "[[: not found" in (folder / "defexec.log").read_text()
+    assert subprocess.run(["buildah", "inspect", "--type", "image", "localhost/envbuilder-test/defexec:fails"],
+                          capture_output=True).returncode != 0
+    leftover = subprocess.run(["buildah", "containers", "--format", "{{.ContainerName}}"], capture_output=True, text=True)
+    assert "envbuilder-defexec-" not in leftover.stdout
+
+
+@pytest.mark.parametrize("definition,message", [
+    ("Bootstrap: library\nFrom: alpine\n\n%post\n    true\n",
+     "stage 1: Bootstrap: library cannot be run here (envbuilder writes docker-daemon or docker)"),
+    ("Bootstrap: docker-daemon\n\n%post\n    true\n", "stage 1: Bootstrap: docker-daemon has no From: line"),
+    ("Bootstrap: docker-daemon\nFrom: local/debian:bookworm\n\n%setup\n    touch /x\n",
+     "line 4: section %setup is not one envbuilder writes"),
+    ("Bootstrap: docker-daemon\nFrom: local/debian:bookworm\n\n%files from devel\n    /a /a\n",
+     "%files from devel: no earlier stage has that name"),
+    ("%post\n    true\n", "line 1: %post comes before any Bootstrap: line"),
+])
+def test_a_definition_file_envbuilder_cannot_run_is_refused(tmp_path, definition, message):
+    folder = small_folder(tmp_path, definition)
+    r = run_envbuilder("defexec", str(folder))
+    assert r.code == 2, r.out + r.err
+    assert message in r.err and "fix: write it again from the spec: envbuilder build SPEC --no-build" in r.err
+    assert "Traceback" not in r.err
+
+
+def test_a_folder_without_a_definition_file_is_refused(tmp_path):
+    folder = small_folder(tmp_path, "")
+    (folder / "Apptainer.def").unlink()
+    r = run_envbuilder("defexec", str(folder))
+    assert r.code == 2 and f"FOLDER: {folder} has no Apptainer.def" in r.err, r.err
+    assert "lists apptainer in targets" in r.err and "Traceback" not in r.err
+    r = run_envbuilder("defexec", str(folder), "--compare-only")
+    assert r.code == 2 and "--compare-only: there is nothing to compare with" in r.err and "fix: add --compare IMAGE" in r.err
+    (folder / "Apptainer.def").write_text("Bootstrap: docker-daemon\nFrom: local/debian:bookworm\n")
+    r = run_envbuilder("defexec", str(folder), "--compare-only", "--compare", "envbuilder-test/no-such:image",
+                       "--tag", "envbuilder-test/no-such:def")
+    assert r.code == 2 and "--compare: image envbuilder-test/no-such:def is neither in buildah's storage nor in " \
+        "the Docker engine" in r.err and "fix: execute the definition file first" in r.err, r.err
+
+
+# --- the other CPU presets and one GPU-from-PyPI preset: ENVBUILDER_LONG_BUILDS=1 --------------------
+
+@long_build
+@pytest.mark.parametrize("recipe,verify_extra,build_extra", [
+    ("cpu-torch.yaml", (), ("wheelhouse",)),
+    ("cpu-intel-tf-debian.yaml", (), ()),
+    ("cpu-tf-multiworker.yaml", (), ()),
+    ("torch-ddp-pypi.yaml", ("--no-gpu",), ()),
+])
+def test_preset_definition_file_executed_verified_and_compared(tmp_path, recipe, verify_extra, build_extra):
+    needs_engines()
+    extra = ("--wheelhouse", wheelhouse()) if "wheelhouse" in build_extra else ()
+    out = tmp_path / recipe.removesuffix(".yaml")
+    docker_tag, build_s = locked_and_built(RECIPES / recipe, out, *extra)
+    r, seconds = defexec(out, docker_tag, *extra)
+    record = json.loads((out / "defexec.json").read_text()) if (out / "defexec.json").is_file() else {}
+    try:
+        print("\n" + r.out)
+        assert_same_packages(r, docker_tag)
+        t0 = time.time()
+        v = run_envbuilder("verify", str(out), "--image", record["tag"], "--runtime", "docker", "--ranks", "2",
+                           *verify_extra, timeout=1800)
+        assert v.code == 0, v.out[-3000:] + v.err[-3000:]
+        print(f"{recipe}: Dockerfile build {build_s:.0f} s; definition file executed with buildah {record['seconds']:.0f} s "
+              f"(with the comparison {seconds:.0f} s), {record['size_bytes'] / 1e6:.0f} MB; verify 2 ranks "
+              f"{time.time() - t0:.0f} s")
+    finally:
+        if record.get("tag"):
+            remove_def_image(record["tag"])

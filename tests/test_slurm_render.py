@@ -242,7 +242,7 @@ def test_who_removes_the_node_local_folder_follows_the_site_profile(cli, write_s
     # the trap is set before the folder is made, in the step and in the batch script
     step = job[job.index("node_step() {"):]
     assert step.index("remove_job_local; exit 0") < step.index("(make_job_local)")
-    # the cleanup ignores further signals first (the time limit sends TERM twice)
+    # the cleanup ignores further signals first (one must not cut it short)
     clean = job[job.index("cleanup() {"):]
     assert clean.index("trap '' TERM INT HUP") < clean.index("remove_job_local")
     assert job.index("trap cleanup EXIT") < job.index("\nmake_job_local\n")

@@ -11,17 +11,17 @@ a site profile's key):
     job      (default, no admin needed) job.sbatch removes the folders itself: one step per node
              creates the folder (after its trap is set), stages, reports ready and then waits;
              it removes the folder when told (the normal end) or when Slurm signals the job
-             (scancel, time limit: TERM, then KILL after KillWait). At the time limit Slurm sends
-             TERM twice: a removal that did not ignore the second was cut short (two emptied
-             folders left, seen in CI), so the traps ignore further signals and so do the rm and
-             find they start. A KILL can still cut it short (KillWait over, srun turning the
-             batch step's TERM into a KILL of its step): slurmstepd also runs a task epilog after
-             the node step's task ends however it ended (`srun --task-epilog`, a file the batch
-             script writes into the run's output folder), which finishes the removal. The batch
-             script's own traps cover the batch node before that step is up. What still stays
-             (the node lost, an output folder mounted noexec) is removed by the next envbuilder
-             job of the same user on that node, once Slurm says the old job is over: a leak
-             lasts one job at most.
+             (scancel, time limit: TERM, then KILL after KillWait). CI once saw, after a time limit
+             under load, both nodes' folders emptied but left: a removal cut short. What can cut
+             it short: a further signal to the step's processes (the rm dies of it: the traps now
+             ignore further signals, and so do the rm and find they start) and a KILL (KillWait
+             over, or srun ending its step): slurmstepd also runs a task epilog after the node
+             step's task ends however it ended (`srun --task-epilog`, a file the batch script
+             writes into the run's output folder), which finishes the removal. The batch script's
+             own traps cover the batch node before that step is up. What still stays (the node
+             lost, an output folder mounted noexec) is removed by the next envbuilder job of the
+             same user on that node, once Slurm says the old job is over: a leak lasts one job at
+             most.
 
 Every folder carries a marker (`.envbuilder-job`, the job id), removed last. The removals take only
 a real folder (never a link) owned by the job's user, with the marker or else empty (a removal cut
@@ -100,7 +100,7 @@ def batch_lines(stack: Stack, runtime_cleanup: list[str]) -> list[str]:
         *(["# folders, waits for them, then removes this node's folder if no step did"] if m == "job" else []),
         "tb_pid=''" + (" keeper_pid=''" if m == "job" else ""),
         "cleanup() {",
-        "    # a second TERM (the time limit sends two) must not cut the cleanup or its commands short:",
+        "    # a further signal must not cut the cleanup or its commands short:",
         "    # ignored here, and so in every command it starts",
         "    trap '' TERM INT HUP",
         '    if [ -n "$tb_pid" ]; then kill "$tb_pid" 2>/dev/null || true; fi',
@@ -165,8 +165,8 @@ def function_lines(stack: Stack) -> list[str]:
         "# whenever the step ends (told with USR1 at the end; TERM: scancel, time limit) the folder",
         "# goes with it. It reports the set-up's result on stdout, then waits",
         "node_step() {",
-        "    # at the time limit Slurm sends the step TERM twice: the removal ignores the second (rm",
-        "    # inherits the ignore), or it is cut short and leaves the folder behind",
+        "    # a further signal must not cut the removal short: ignored from here on, and so in the",
+        "    # rm and find it starts",
         "    trap \"trap '' USR1 TERM INT HUP; remove_job_local; exit 0\" USR1 TERM INT HUP",
         "    local rc=0",
         "    (make_job_local) || rc=$?",
@@ -191,8 +191,8 @@ def task_epilog_lines() -> list[str]:
     the job's environment chose."""
     return [
         "# After the node step's task ends, however it ended, slurmstepd runs this on its node",
-        "# (srun --task-epilog): at scancel and the time limit srun turns the TERM Slurm sends the",
-        "# batch step into a KILL of the node step, which can beat the step's own trap",
+        "# (srun --task-epilog): a KILL (KillWait over, srun ending its step) can cut the step's own",
+        "# removal short",
         f'node_epilog="$OUTPUT_DIR/{TASK_EPILOG}"',
         "cat > \"$node_epilog\" <<'ENVBUILDER_TASK_EPILOG'",
         "#!/bin/bash",

@@ -270,7 +270,7 @@ def test_pip_steps_on_an_ngc_25_base_install_under_its_constraint_file(tmp_path)
     pip_runs = [i["value"] for i in st["image"] if i["instruction"] == "RUN" and "pip install" in i["value"]]
     assert pip_runs and all(f"export PIP_CONSTRAINT={CONSTRAINT} " in r for r in pip_runs)
     app = files["Apptainer.def"]
-    post = app.split("%post", 1)[1].split("\n%", 1)[0]
+    post = re.split(r"^%post\b", app, maxsplit=1, flags=re.M)[1].split("\n%", 1)[0]   # the section, not a comment
     assert post.index(f"export PIP_CONSTRAINT={CONSTRAINT}") < post.index("pip install")
     manifest = json.loads(files["manifest.json"])
     assert manifest["build"]["pip_constraint"] == CONSTRAINT

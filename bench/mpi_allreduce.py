@@ -203,7 +203,8 @@ def main() -> None:
             for nodes in (1, 2):
                 t0 = time.time()
                 fig = measure(folder, nodes, a.big_iters, a.small_iters, env)
-                fig.update(mpi=label, srun=plugin, nodes=nodes, wall_s=round(time.time() - t0, 1))
+                fig.update(mpi=label, srun=plugin, nodes=nodes, wall_s=round(time.time() - t0, 1),
+                           load=round(os.getloadavg()[0], 1))
                 rows.append(fig)
                 print(f"  {label}, {nodes} node(s): " + (fig.get("error") or
                       f"{fig['busbw_MBps']:.0f} MB/s, {fig['small_s'] * 1e6:.1f} us ({fig['lib'][:40]})"),
@@ -214,16 +215,16 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     load = os.getloadavg()
     print(f"\nallreduce, 2 ranks per node, mpi4py 4.1.2, float32; {a.big_iters} x 16 MiB, {a.small_iters} x 8 B "
-          f"(slowest rank); this machine: {os.cpu_count()} cores, load {load[0]:.1f}; nodes are containers on it "
-          f"(loopback figures)\n")
-    print("| MPI | srun --mpi= | nodes x ranks | 16 MiB busbw | 16 MiB time | 8 B allreduce |")
-    print("|---|---|---|---|---|---|")
+          f"(slowest rank); this machine: {os.cpu_count()} cores (load: 1-minute average after each run), "
+          f"shared with other builds; nodes are containers on it (loopback figures)\n")
+    print("| MPI | srun --mpi= | nodes x ranks | 16 MiB busbw | 16 MiB time | 8 B allreduce | load |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['mpi']} | {r['srun']} | {r['nodes']} x 2 | failed: {r['error'][:80]} | | |")
+            print(f"| {r['mpi']} | {r['srun']} | {r['nodes']} x 2 | failed: {r['error'][:80]} | | | {r['load']} |")
             continue
         print(f"| {r['mpi']} | {r['srun']} | {r['nodes']} x 2 | {r['busbw_MBps']:.0f} MB/s | "
-              f"{r['big_s'] * 1e3:.1f} ms | {r['small_s'] * 1e6:.1f} µs |")
+              f"{r['big_s'] * 1e3:.1f} ms | {r['small_s'] * 1e6:.1f} µs | {r['load']} |")
     if prep:
         print("\nimage build (cached layers) + ch-convert: " + ", ".join(f"{k} {v:.0f} s" for k, v in prep.items()))
     if a.json:

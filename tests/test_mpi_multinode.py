@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_envbuilder
-from infra import MINICLUSTER_ROOT, require_binary, require_minicluster
+from infra import MINICLUSTER_ROOT, charliecloud_for_run, require_binary, require_minicluster
 from test_mpi_pypi import MPICH, OMPI, built_image, impi_folder
 from test_multinode import checks, sbatch_wait
 
@@ -63,35 +63,27 @@ def shared(cluster):
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def converted(shared: Path, name: str, mpi: str):
-    """The wheel image as a charliecloud directory in the shared folder (every node sees it); a
-    conversion made here goes at the end of the module."""
+def converted(shared: Path, name: str, mpi: str) -> tuple[Path, str]:
+    """The wheel image (built once per test run) as a charliecloud directory in the shared folder,
+    which every node sees; converted once per run (infra.charliecloud_for_run)."""
     require_binary("ch-convert", "apt-get install charliecloud")
-    from envbuilder.runtimes.charliecloud import charliecloud_dir
-
     (shared / name).mkdir()
     spec, tag = built_image(shared / name, name, mpi)
-    cache = ROOT / "shared" / "charliecloud"
-    cache.mkdir(parents=True, exist_ok=True)
-    before = set(cache.iterdir())
     t0 = time.time()
-    directory, _owned = charliecloud_dir(tag, cache)
-    print(f"{name}: ch-convert into the shared folder {time.time() - t0:.0f} s")
-    try:
-        yield spec, directory
-    finally:
-        for made in set(cache.iterdir()) - before:
-            shutil.rmtree(made, ignore_errors=True)
+    directory = charliecloud_for_run(tag)
+    assert directory.startswith(str(ROOT / "shared")), directory
+    print(f"{name}: charliecloud directory in the shared folder {time.time() - t0:.0f} s")
+    return spec, directory
 
 
 @pytest.fixture(scope="module")
 def mpich_image(cluster, shared):
-    yield from converted(shared, "mpi-mpich-pypi", MPICH)
+    return converted(shared, "mpi-mpich-pypi", MPICH)
 
 
 @pytest.fixture(scope="module")
 def ompi_image(cluster, shared):
-    yield from converted(shared, "mpi-ompi-pypi", OMPI)
+    return converted(shared, "mpi-ompi-pypi", OMPI)
 
 
 def site(shared: Path, name: str, pmi: str, extra: str = "") -> Path:

@@ -146,7 +146,7 @@ def built_image(tmp: Path, name: str, mpi: str) -> tuple[Path, str]:
     """The image of NAME (MPI from PyPI, the module SPEC), built once per test run: its tag stays in
     the engine until the run ends (infra.keep_for_run), so every module that runs it (this one,
     tests/test_mpi_multinode.py) finds the image itself. Returns (spec, tag)."""
-    from infra import base_image, keep_for_run, require_docker, wheelhouse
+    from infra import base_image, built_once, keep_for_run, require_docker, wheelhouse
 
     require_docker()
     base_image()
@@ -156,6 +156,8 @@ def built_image(tmp: Path, name: str, mpi: str) -> tuple[Path, str]:
     assert probe.code == 0, probe.err
     tag = json.loads((out / "manifest.json").read_text())["image"]["tag"]
     keep_for_run(tag)
+    if built_once(tag):
+        return spec, tag
     t0 = time.time()
     r = run_envbuilder("build", str(spec), "--out", str(out), "--ca-bundle", CA_BUNDLE,
                        "--wheelhouse", wheelhouse(), timeout=2400)
@@ -174,14 +176,12 @@ def mpich_image(tmp_path_factory):
     os.environ.setdefault("USER", "root" if os.geteuid() == 0 else str(os.geteuid()))
     tmp = tmp_path_factory.mktemp("mpich")
     spec, tag = built_image(tmp, "mpi-mpich-pypi", MPICH)
-    from envbuilder.verify.runner import charliecloud_dir
+    from infra import charliecloud_for_run
 
     t0 = time.time()
-    directory, owned = charliecloud_dir(tag)
-    print(f"MPICH (PyPI) image {tag}: ch-convert {time.time() - t0:.0f} s")
+    directory = charliecloud_for_run(tag)           # once per run (tests/test_mpi_multinode.py too)
+    print(f"MPICH (PyPI) image {tag}: charliecloud directory {time.time() - t0:.0f} s")
     yield spec, directory, tmp
-    if owned:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def job_folder(spec: Path, out: Path, *args: str) -> Path:

@@ -185,7 +185,8 @@ SPEC_FIELDS: dict[str, Field] = {
         "time": s("Wall-time limit, e.g. \"01:00:00\".", pattern=SLURM_TIME_RE,
                   pattern_hint="[D-]HH:MM:SS, MM:SS or minutes"),
         "binds": strlist("Host paths made visible in the container (SRC or SRC:DST[:ro]).", default=[]),
-        "network_interface": s("Interface NCCL/Gloo bootstrap on (ib0, hsn0...).", pattern=IFACE_RE,
+        "network_interface": s("Interface NCCL/Gloo bootstrap on (ib0, hsn0...); also the TCP interface of Open MPI, "
+                               "libfabric's tcp provider and, on nodes without an RDMA device, UCX.", pattern=IFACE_RE,
                                pattern_hint="interface names (ib0, hsn0, ^docker,lo)"),
         "arch": s("The nodes' CPU architecture (site profiles: x86_64 or aarch64).", enum=ARCHES),
         "fabric": s("The nodes' network (a site profile's key): tcp (default), ib, roce, slingshot, "

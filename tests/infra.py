@@ -255,11 +255,48 @@ def keep_for_run(tag: str) -> None:
                                           capture_output=True).returncode == 0
 
 
+_BUILT_IN_RUN: set[str] = set()       # tags `envbuilder build` made in this run (built_once)
+
+
+def built_once(tag: str) -> bool:
+    """True when TAG was already built in this test run (and is still there); else marks it, for
+    the caller to build now. A second build of the same spec gives another image id (files' times
+    in the last layers), which would undo every conversion made of the first."""
+    if tag in _BUILT_IN_RUN and subprocess.run([docker_cli(), "image", "inspect", tag],
+                                               capture_output=True).returncode == 0:
+        return True
+    _BUILT_IN_RUN.add(tag)
+    return False
+
+
+_RUN_DIRS: list[Path] = []             # charliecloud directories converted for this test run
+
+
+def charliecloud_for_run(tag: str) -> str:
+    """TAG (kept for the run: keep_for_run) as a charliecloud directory, converted once per test run
+    into the multi-node cluster's shared folder when this machine has one (the one-node Slurm reads
+    it too, and every node sees it), else into the default cache; a conversion made here goes at the
+    end of the run (remove_run_images)."""
+    from envbuilder.runtimes.charliecloud import charliecloud_dir
+
+    shared = Path(MINICLUSTER_ROOT) / "shared"
+    cache = shared / "charliecloud" if shared.is_dir() else Path(
+        os.environ.get("ENVBUILDER_CH_CACHE", "/var/tmp/envbuilder-charliecloud"))
+    cache.mkdir(parents=True, exist_ok=True)
+    before = set(cache.iterdir())
+    directory, _owned = charliecloud_dir(tag, cache)
+    _RUN_DIRS.extend(set(cache.iterdir()) - before)
+    return directory
+
+
 def remove_run_images() -> None:
     for tag, existed in _RUN_IMAGES.items():
         if not existed:
             subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
     _RUN_IMAGES.clear()
+    for folder in _RUN_DIRS:
+        shutil.rmtree(folder, ignore_errors=True)
+    _RUN_DIRS.clear()
 
 
 @contextlib.contextmanager

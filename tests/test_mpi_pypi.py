@@ -142,39 +142,46 @@ def test_mpi_library_merge_names_node_and_rank():
 
 # --------------------------------------------------------------------------- real: Docker + Slurm
 
-@pytest.fixture(scope="module")
-def mpich_image(tmp_path_factory):
-    """The MPICH-from-PyPI image, built once, as a charliecloud directory."""
-    from infra import base_image, require_binary, require_docker, require_slurm, wheelhouse
+def built_image(tmp: Path, name: str, mpi: str) -> tuple[Path, str]:
+    """The image of NAME (MPI from PyPI, the module SPEC), built once per test run: its tag stays in
+    the engine until the run ends (infra.keep_for_run), so every module that runs it (this one,
+    tests/test_mpi_multinode.py) finds the image itself. Returns (spec, tag)."""
+    from infra import base_image, built_once, keep_for_run, require_docker, wheelhouse
 
-    require_slurm()
     require_docker()
     base_image()
-    require_binary("ch-convert", "apt-get install charliecloud")
-    os.environ.setdefault("USER", "root" if os.geteuid() == 0 else str(os.geteuid()))
-    tmp = tmp_path_factory.mktemp("mpich")
-    spec = spec_file(tmp, "mpi-mpich-pypi", MPICH)
-    out = tmp / "img"
+    spec = spec_file(tmp, name, mpi)
+    out = tmp / f"img-{name}"
     probe = run_envbuilder("build", str(spec), "--no-build", "--out", str(out))
     assert probe.code == 0, probe.err
     tag = json.loads((out / "manifest.json").read_text())["image"]["tag"]
-    from infra import docker_cli
-
-    existed = subprocess.run([docker_cli(), "image", "inspect", tag], capture_output=True).returncode == 0
+    keep_for_run(tag)
+    if built_once(tag):
+        return spec, tag
     t0 = time.time()
     r = run_envbuilder("build", str(spec), "--out", str(out), "--ca-bundle", CA_BUNDLE,
                        "--wheelhouse", wheelhouse(), timeout=2400)
     assert r.code == 0, r.err[-3000:]
-    tag = json.loads((out / "manifest.json").read_text())["image"]["tag"]
-    from envbuilder.verify.runner import charliecloud_dir
+    print(f"{name} image {tag}: build {time.time() - t0:.0f} s")
+    return spec, tag
 
-    directory, owned = charliecloud_dir(tag)
-    print(f"MPICH (PyPI) image {tag}: build + ch-convert {time.time() - t0:.0f} s")
+
+@pytest.fixture(scope="module")
+def mpich_image(tmp_path_factory):
+    """The MPICH-from-PyPI image, built once, as a charliecloud directory."""
+    from infra import require_binary, require_slurm
+
+    require_slurm()
+    require_binary("ch-convert", "apt-get install charliecloud")
+    os.environ.setdefault("USER", "root" if os.geteuid() == 0 else str(os.geteuid()))
+    tmp = tmp_path_factory.mktemp("mpich")
+    spec, tag = built_image(tmp, "mpi-mpich-pypi", MPICH)
+    from infra import charliecloud_for_run
+
+    t0 = time.time()
+    directory = charliecloud_for_run(tag)           # once per run (tests/test_mpi_multinode.py too)
+    print(f"MPICH (PyPI) image {tag}: charliecloud directory {time.time() - t0:.0f} s")
     yield spec, directory, tmp
-    if not existed:                  # leave the engine as it was
-        subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
-        if owned:
-            shutil.rmtree(directory, ignore_errors=True)
 
 
 def job_folder(spec: Path, out: Path, *args: str) -> Path:
@@ -219,12 +226,10 @@ def test_mpich_wheel_two_ranks_under_srun_pmi2(mpich_image):
     assert [v["text"] for v in lib["data"]["library"].values()] == ["MPICH Version:      5.0.2"], lib
 
 
-@pytest.fixture(scope="module")
-def site_impi(tmp_path_factory):
-    """Intel MPI from the impi-rt wheel as the node's "site MPI": its libmpi.so.12 and the
-    libfabric it needs (the impi-rt wheel requires a libfabric wheel the index lacks; MPICH's
-    bundled one serves) in one folder on the node."""
-    tmp = tmp_path_factory.mktemp("impi")
+def impi_folder(tmp: Path) -> Path:
+    """Intel MPI from the impi-rt wheel as a node's "site MPI": its libmpi.so.12 and the libfabric it
+    needs (the impi-rt wheel requires a libfabric wheel the index lacks; MPICH's bundled one serves)
+    in one folder, TMP/site/lib."""
     wheels = tmp / "wheels"
     proc = subprocess.run(["pip", "download", "--no-deps", "-d", str(wheels), "impi-rt==2021.19.0",
                            "mpich==5.0.2"], capture_output=True, text=True, timeout=600)
@@ -241,7 +246,13 @@ def site_impi(tmp_path_factory):
                 if wanted and not name.endswith("/"):
                     (lib / base).write_bytes(z.read(name))
     assert (lib / "libmpi.so.12").is_file() and (lib / "libfabric.so.1").is_file(), sorted(os.listdir(lib))
-    yield lib
+    return lib
+
+
+@pytest.fixture(scope="module")
+def site_impi(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("impi")
+    yield impi_folder(tmp)
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -210,7 +210,13 @@ def _environment(stack: Stack, rt: Runtime) -> list[str]:
                 'case $NCCL_SOCKET_IFNAME in',
                 '    ^*|=*) ;;',
                 '    *) export OMPI_MCA_btl_tcp_if_include="${OMPI_MCA_btl_tcp_if_include:-$NCCL_SOCKET_IFNAME}" \\',
-                '              OMPI_MCA_oob_tcp_if_include="${OMPI_MCA_oob_tcp_if_include:-$NCCL_SOCKET_IFNAME}" ;;',
+                '              OMPI_MCA_oob_tcp_if_include="${OMPI_MCA_oob_tcp_if_include:-$NCCL_SOCKET_IFNAME}"',
+                "       # libfabric's tcp provider (Intel MPI, MPICH ch4:ofi) and UCX (the MPICH wheel's ch4:ucx)",
+                "       # pick interfaces themselves; a peer's management address hangs until TCP gives up",
+                "       # (docs/mpi.md). UCX_NET_DEVICES limits every UCX network, so only where the node has",
+                "       # no RDMA device: TCP is then all UCX has (shared memory is not a network device)",
+                '       export FI_TCP_IFACE="${FI_TCP_IFACE:-$NCCL_SOCKET_IFNAME}"',
+                '       [ -e /dev/infiniband ] || export UCX_NET_DEVICES="${UCX_NET_DEVICES:-$NCCL_SOCKET_IFNAME}" ;;',
                 'esac']
     if cl.fabric:
         out += [f"# The nodes' fabric ({cl.fabric}): verify's fabric check reads it; its tested variables",

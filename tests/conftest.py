@@ -43,6 +43,28 @@ def write_spec(tmp_path):
         return path
     return _write
 
+@pytest.fixture(scope="module")
+def cluster():
+    """The 2-node test cluster of tools/minicluster (started by .ci/setup): its client environment."""
+    from infra import require_minicluster
+    env = require_minicluster()
+    env["USER"] = os.environ.get("USER") or "root"
+    return env
+
+
+@pytest.fixture(scope="module")
+def shared(cluster):
+    """A folder on the cluster's shared file system (same path on every node and here)."""
+    import shutil
+    import time
+    import uuid
+
+    from infra import MINICLUSTER_ROOT
+    folder = Path(MINICLUSTER_ROOT) / "shared" / "tests" / f"{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    folder.mkdir(parents=True)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
 
 def pytest_sessionfinish(session, exitstatus):
     """The preset images the modules shared (infra.keep_for_run) go at the end of the run."""

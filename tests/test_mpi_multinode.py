@@ -12,7 +12,6 @@ before any rank, naming node and path.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 import uuid
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_envbuilder
-from infra import MINICLUSTER_ROOT, charliecloud_for_run, require_binary, require_minicluster
+from infra import MINICLUSTER_ROOT, charliecloud_for_run, require_binary
 from test_mpi_pypi import MPICH, OMPI, built_image, impi_folder
 from test_multinode import checks, sbatch_wait
 
@@ -48,19 +47,7 @@ with open(os.path.join(os.environ["OUTPUT_DIR"], "mpi-%d.json" % c.rank), "w") a
 PLACED = {0: "mc-n1", 1: "mc-n1", 2: "mc-n2", 3: "mc-n2"}
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    env = require_minicluster()
-    env["USER"] = os.environ.get("USER") or "root"
-    return env
-
-
-@pytest.fixture(scope="module")
-def shared(cluster):
-    folder = ROOT / "shared" / "tests" / f"mpi-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    folder.mkdir(parents=True)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+# the `cluster` and `shared` fixtures: tests/conftest.py
 
 
 def converted(shared: Path, name: str, mpi: str) -> tuple[Path, str]:

@@ -29,7 +29,7 @@ import pytest
 
 from conftest import RECIPES, run_envbuilder
 from infra import (keep_for_run, MINICLUSTER_ROOT, SMOKE_VENV_PYTHON, base_image, long_build, require_binary,
-                   require_docker, require_minicluster, wheelhouse)
+                   require_docker, wheelhouse)
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 ROOT = Path(MINICLUSTER_ROOT)
@@ -39,20 +39,7 @@ PLACED = "mc-n1: 2 (rank 0,1), mc-n2: 2 (rank 2,3)"
 NODE_PYTHON = "/usr/bin/python3"           # the nodes' own Python (command jobs)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    env = require_minicluster()
-    env["USER"] = os.environ.get("USER") or "root"
-    return env
-
-
-@pytest.fixture(scope="module")
-def shared(cluster):
-    """A folder on the cluster's shared file system (same path on every node and here)."""
-    folder = ROOT / "shared" / "tests" / f"{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    folder.mkdir(parents=True)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+# the `cluster` and `shared` fixtures: tests/conftest.py
 
 
 def host_python() -> str:

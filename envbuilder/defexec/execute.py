@@ -186,6 +186,14 @@ def _base_config(run: Run, ref: str, step: str) -> ImageConfig:
                                   "config": oci.get("config") or {}}, ref)
 
 
+def _destination(dst_root: Path, dst: str, where: str) -> Path:
+    """DST inside the stage's root, its folder made as Apptainer makes it: DST itself when it ends
+    with '/', else its parent."""
+    dest = _inside(dst_root, dst, where)
+    (dest if dst.endswith("/") else dest.parent).mkdir(parents=True, exist_ok=True)
+    return dest
+
+
 def _copy_from_stage(run: Run, src_root: Path, dst_root: Path, src: str, dst: str, where: str) -> None:
     """Apptainer's CopyFromStage: the source resolved inside its stage (a link named itself is
     followed, links below it are copied as links), into DST (or DST/name when DST is a folder)."""
@@ -196,11 +204,7 @@ def _copy_from_stage(run: Run, src_root: Path, dst_root: Path, src: str, dst: st
     if not source.exists():
         raise CheckFailed(f"definition file: {where}", f"{src} does not exist in that stage",
                           "the stage's %post did not make it: see the log")
-    dest = _inside(dst_root, dst, where)
-    if dst.endswith("/"):
-        dest.mkdir(parents=True, exist_ok=True)
-    else:
-        dest.parent.mkdir(parents=True, exist_ok=True)
+    dest = _destination(dst_root, dst, where)
     if dest.is_dir():
         dest = dest / Path(src.rstrip("/")).name
     _cp(run, ["cp", "-a", str(source), str(dest)], where)
@@ -212,11 +216,7 @@ def _copy_from_host(run: Run, context: Path, dst_root: Path, src: str, dst: str,
     if not source.exists():
         raise CheckFailed(f"definition file: {where}", f"{src} is not in the output folder",
                           "write the folder again: envbuilder build SPEC --no-build")
-    dest = _inside(dst_root, dst, where)
-    if dst.endswith("/"):
-        dest.mkdir(parents=True, exist_ok=True)
-    else:
-        dest.parent.mkdir(parents=True, exist_ok=True)
+    dest = _destination(dst_root, dst, where)
     _cp(run, ["cp", "-fLr", str(source), str(dest)], where)
 
 

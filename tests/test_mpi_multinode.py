@@ -99,14 +99,23 @@ def allreduce(cluster, folder: Path, directory: str) -> tuple[list[dict], str, f
     return recs, log, time.time() - t0
 
 
-def verify(cluster, folder: Path, directory: str) -> dict:
+def verify_report(cluster, folder: Path, directory: str) -> tuple[int, dict, str]:
+    """verify --slurm on 2 nodes x 2 ranks: (exit code, checks by name, its table)."""
     report = folder / "report.json"
     r = run_envbuilder("verify", str(folder), "--slurm", "--nodes", "2", "--ranks", "4", "--image", directory,
                        "--report", str(report), env=cluster, timeout=900)
     assert report.is_file(), r.out[-3000:] + r.err[-3000:]
-    lib = checks(json.loads(report.read_text()))["mpi.library"]
-    assert r.code == 0, r.out[-3000:]
-    return lib
+    return r.code, checks(json.loads(report.read_text())), r.out
+
+
+def verify(cluster, folder: Path, directory: str) -> dict:
+    code, c, out = verify_report(cluster, folder, directory)
+    assert code == 0, out[-3000:]
+    # no Horovod here: the suite's own mpi4py allreduce ran across both nodes (smoke/mpi_probe.py)
+    probe = c["mpi.allreduce[mpi4py]"]
+    assert probe["status"] == "pass" and "4 ranks on mc-n1, mc-n2: every rank's sum exact" in probe["detail"], probe
+    assert c["perf.allreduce[mpi4py]"]["status"] == "pass", c["perf.allreduce[mpi4py]"]
+    return c["mpi.library"]
 
 
 def test_mpich_wheel_allreduce_on_two_nodes_under_srun_pmi2(cluster, shared, mpich_image):
@@ -193,3 +202,49 @@ def test_a_site_mpi_on_one_node_only_stops_the_job_before_any_rank(cluster, shar
         print(f"site MPI on mc-n1 only: stopped in {time.time() - t0:.1f} s")
     finally:
         shutil.rmtree(ROOT / "local" / "mc-n1" / name, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- the transport the MPI took
+
+def test_mpich_wheel_on_fabric_ib_without_rdma_fails_naming_ucx_over_tcp(cluster, shared, mpich_image):
+    """MPICH's ch4:ucx netmod: UCX's own protocol table (UCX_PROTO_INFO into the run's folder) says
+    the inter-node traffic went over tcp; with a profile promising InfiniBand that is a named
+    failure per node, with the cause (no /dev/infiniband in the container)."""
+    spec, directory = mpich_image
+    profile = site(shared, "mc-pmi2-ib", "pmi2", "fabric: ib\n")
+    folder = job(spec, shared / "job-mpich-ib", profile)
+    assert 'export ENVBUILDER_FABRIC="ib"' in (folder / "job.sbatch").read_text()
+    t0 = time.time()
+    code, c, out = verify_report(cluster, folder, directory)
+    assert code == 1, out[-3000:]
+    fab = c["fabric"]
+    assert fab["status"] == "fail", fab
+    for node in NODES:
+        assert f"mpi on {node} fell back to ch4:ucx/tcp: no RDMA device visible to the rank" in fab["detail"], fab
+    ranks = c["fabric.transport[mpi4py]"]["ranks"]
+    assert len(ranks) == 4
+    for r in ranks.values():
+        layer = r["data"]["layers"]["mpi"]
+        assert layer["mpi"] == "mpich" and layer["netmod"] == "ucx" and not layer["rdma"], layer
+        # read from UCX's table, not guessed: an inter-node table naming tcp on the fabric interface
+        inter = r["data"]["ucx_transports"].get("inter-node") or []
+        assert inter and all(t.startswith("tcp/") for t in inter), r["data"]["ucx_transports"]
+    assert {n for n, x in c.items() if x["status"] == "fail"} == {"fabric"}, out[-2000:]
+    print(f"MPICH wheel, fabric ib: named failure in {time.time() - t0:.1f} s; {fab['figure']}; "
+          f"UCX inter-node: {sorted(set(t for r in ranks.values() for t in r['data']['ucx_transports']['inter-node']))}")
+
+
+def test_open_mpi_wheel_on_fabric_tcp_passes_naming_ob1_from_its_selection_log(cluster, shared, ompi_image):
+    """The Open MPI wheel builds its components into libmpi (no mca_*.so is mapped), so the pml is
+    read from Open MPI's own selection log (OPAL_OUTPUT_STDERR_FD into the run's folder)."""
+    spec, directory = ompi_image
+    profile = SITE_FILE.read_text().replace("name: minicluster", "name: mc-ompi-tcp") + "fabric: tcp\n"
+    (shared / "mc-ompi-tcp.yaml").write_text(profile)
+    folder = job(spec, shared / "job-ompi-tcp", shared / "mc-ompi-tcp.yaml")
+    code, c, out = verify_report(cluster, folder, directory)
+    assert code == 0, out[-3000:]
+    assert c["fabric"]["status"] == "pass" and "fabric tcp: TCP expected" in c["fabric"]["detail"], c["fabric"]
+    for r in c["fabric.transport[mpi4py]"]["ranks"].values():
+        layer = r["data"]["layers"]["mpi"]
+        assert layer["seen_in"] == "selection log" and layer["pml"] == "ob1" and "tcp" in layer["btl"], layer
+    assert c["fabric"]["figure"] == "mpi: ob1/tcp", c["fabric"]

@@ -5,7 +5,13 @@ components are the ``mca_pml_*``/``mca_btl_*``/``mca_mtl_*`` objects still mappe
 /proc/self/maps (Open MPI unloads the components it did not select: `pml_base_verbose=10`
 prints "select: component ob1 selected" then "unloading component cm"), UCX's and libfabric's
 libraries likewise, NCCL's network from its own init log (``parse_nccl_log``), and whether an
-RDMA device is visible at all. ``judge`` (the launcher, rank 0) turns every rank's observation
+RDMA device is visible at all. Maps alone cannot tell what an MPI chose when its components are
+built in (the PyPI Open MPI wheel) or when it is MPICH (ch4:ucx and ch4:ofi in one library), so
+in a fabric run the rank also asks each layer to log its own choice into the run's folder before
+MPI starts (``transport_logging_setup``): Open MPI's component selection (`*_base_verbose=10`,
+written to a file through ``OPAL_OUTPUT_STDERR_FD``, opal/util/output.c) and UCX's protocol
+tables (``UCX_PROTO_INFO=y`` into ``UCX_LOG_FILE``), and reads them back (``parse_ompi_log``,
+``parse_ucx_log``). ``judge`` (the launcher, rank 0) turns every rank's observation
 into one `fabric` check: with a fabric that promises RDMA (ENVBUILDER_FABRIC, set by job.sbatch
 from the site profile's `fabric:`), a layer that fell back to TCP or sockets across nodes fails,
 naming the layer, the node and the likely cause. ``floor_checks`` compares the measured
@@ -18,6 +24,7 @@ import glob
 import os
 import re
 import socket
+import sys
 
 from .common import FAIL, PASS, SKIP, fmt_rate, result
 
@@ -31,7 +38,14 @@ FLOOR_ENV = "ENVBUILDER_BANDWIDTH_FLOOR"
 RDMA_FABRICS = ("ib", "roce", "slingshot", "efa")
 TCP_LIKE = ("tcp", "sockets", "udp", "tcp;ofi_rxm", "socket")
 SHARED_MEMORY_BTLS = ("self", "vader", "sm", "smcuda")
+DEVICE_BTLS = ("uct", "openib", "usnic", "ugni")      # BTLs that send only through an RDMA device
 NCCL_LOG_NAME = "nccl-%h-%p.log"         # NCCL_DEBUG_FILE's pattern (%h host, %p pid)
+UCX_LOG_NAME = "ucx-%h-%p.log"           # UCX_LOG_FILE's pattern (the same %h, %p)
+OMPI_LOG_ENV = "ENVBUILDER_OMPI_LOG"     # the file this rank's Open MPI selection log goes to
+OMPI_VERBOSE = ("OMPI_MCA_pml_base_verbose", "OMPI_MCA_mtl_base_verbose", "OMPI_MCA_btl_base_verbose")
+# UCX transports (uct names) that carry RDMA: verbs/mlx5 RC, DC, UD and EFA's SRD; tcp is TCP, and
+# self/posix/sysv/cma/knem/xpmem/cuda_* stay inside a node
+UCX_RDMA_TLS = re.compile(r"^(rc|dc|ud)(_[a-z0-9]+)?$|^(srd|gga|ib)$")
 UNITS = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
 
@@ -80,31 +94,186 @@ def verbs_provider_present():
     return any(glob.glob(os.path.join(d, "lib*-rdmav*.so")) for d in dirs)
 
 
-def mpi_layer(libs, devices):
-    """Open MPI's transport between nodes: (layer dict) or None without Open MPI components."""
-    comp = mpi_components(libs)
-    if not comp["pml"]:
+# ----------------------------------------------------------------------------- the layers' own logs
+
+def transport_logging_setup(workdir):
+    """Before MPI starts in a fabric run: Open MPI and UCX write which transport they chose into
+    WORKDIR, unless the user already sent their logs somewhere. Open MPI's component selection
+    goes to a file of its own through OPAL_OUTPUT_STDERR_FD (the descriptor opal_output writes
+    its stderr stream to), so the rank's stderr is not flooded; UCX's protocol tables
+    (UCX_PROTO_INFO) go to UCX_LOG_FILE."""
+    os.makedirs(workdir, exist_ok=True)
+    if "OPAL_OUTPUT_STDERR_FD" not in os.environ and not any(v in os.environ for v in OMPI_VERBOSE):
+        path = os.path.join(workdir, "ompi-%s-%d.log" % (socket.gethostname(), os.getpid()))
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except OSError:
+            fd = None
+        if fd is not None:
+            os.environ["OPAL_OUTPUT_STDERR_FD"] = str(fd)
+            os.environ[OMPI_LOG_ENV] = path
+            for name in OMPI_VERBOSE:
+                os.environ[name] = "10"
+    if "UCX_LOG_FILE" not in os.environ and "UCX_PROTO_INFO" not in os.environ:
+        os.environ["UCX_PROTO_INFO"] = "y"
+        os.environ["UCX_LOG_FILE"] = os.path.join(workdir, UCX_LOG_NAME)
+
+
+def parse_ompi_log(text):
+    """Open MPI's choice from its `*_base_verbose=10` selection log: {'pml': name or None,
+    'mtl': [selected], 'btl': [initialised]}; None when the log holds no selection."""
+    pml = None
+    mtl, btl, failed = [], [], set()
+    for line in text.splitlines():
+        m = re.search(r"select: component (\w+) selected", line)
+        if m:
+            pml = m.group(1)
+        m = re.search(r"mca:base:select:\(\s*mtl\) Selected component \[(\w+)\]", line)
+        if m and m.group(1) not in mtl:
+            mtl.append(m.group(1))
+        m = re.search(r"select: init(?:ializing)? (?:of )?(?:mtl )?component (\w+) returned failure"
+                      r"|select: init returned failure for component (\w+)", line)
+        if m:
+            failed.add(m.group(1) or m.group(2))
+        m = re.search(r"select: init of component (\w+) returned success", line)
+        if m and m.group(1) not in btl:
+            btl.append(m.group(1))
+    if pml is None and not btl:
         return None
-    pml = comp["pml"][0]
-    net_btls = [b for b in comp["btl"] if b not in SHARED_MEMORY_BTLS]
-    layer = {"pml": pml, "btl": comp["btl"], "mtl": comp["mtl"]}
-    if pml == "ucx":
-        ucx_rdma = devices["dev_infiniband"] and any(l.startswith("libuct_ib") for l in libs)
-        layer.update(transport="ucx/" + ("ib" if ucx_rdma else "tcp"), rdma=ucx_rdma,
-                     via="UCX" + ("" if ucx_rdma else " (no IB transport open: its tcp one carries the traffic)"))
-    elif pml == "cm":
-        provider = os.environ.get("FI_PROVIDER", "") if "ofi" in comp["mtl"] else ""
-        rdma = bool(comp["mtl"]) and comp["mtl"] != ["ofi"] or (provider and provider not in TCP_LIKE)
-        if "ofi" in comp["mtl"] and not provider:
-            provider = "unknown (FI_PROVIDER unset)"
-            rdma = devices["cxi"] or devices["efa"] or devices["dev_infiniband"]
-        layer.update(transport="cm/%s%s" % ("+".join(comp["mtl"]) or "?", ":" + provider if provider else ""),
-                     rdma=bool(rdma), via="mtl %s" % "+".join(comp["mtl"]))
-    else:
-        rdma = any(b not in ("tcp",) for b in net_btls)
-        layer.update(transport="%s/%s" % (pml, "+".join(net_btls) or "none"), rdma=rdma,
-                     via="btl " + ("+".join(net_btls) or "none"))
-    return layer
+    # the mtl matters under pml cm only, and cm is selected only when its mtl initialised
+    return {"pml": pml, "mtl": [x for x in mtl if x not in failed] if pml == "cm" else [], "btl": sorted(btl)}
+
+
+def parse_ucx_log(text):
+    """UCX's protocol tables (UCX_PROTO_INFO=y): {'inter-node': [transport/device ...],
+    'intra-node': [...], 'self': [...]}, each in the order first seen; None without a table."""
+    out = {}
+    scope = None
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) < 2:
+            continue
+        m = re.match(r"ucp_context_\d+ (inter-node|intra-node|self) cfg#\d+", cells[0])
+        if m:
+            scope = m.group(1)
+            out.setdefault(scope, [])
+            continue
+        if scope is None:
+            continue
+        for tl in re.findall(r"\b([a-z][a-z0-9_]*)/([A-Za-z0-9_.:-]+)", cells[-1]):
+            name = "%s/%s" % tl
+            if name not in out[scope]:
+                out[scope].append(name)
+    return out or None
+
+
+def ucx_rdma(transports):
+    """Whether any of UCX's transports ('rc_mlx5/mlx5_0:1', 'tcp/eth0') carries RDMA."""
+    return any(UCX_RDMA_TLS.match(t.split("/", 1)[0]) for t in transports)
+
+
+def _read(path):
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def read_transport_logs():
+    """(Open MPI's selection, UCX's tables) from this process's own logs (transport_logging_setup)."""
+    ompi = parse_ompi_log(_read(os.environ.get(OMPI_LOG_ENV, ""))) if os.environ.get(OMPI_LOG_ENV) else None
+    ucx = None
+    path = os.environ.get("UCX_LOG_FILE", "")
+    if path and os.environ.get("UCX_PROTO_INFO", "").lower() in ("y", "yes", "1", "on"):
+        text = _read(path.replace("%h", socket.gethostname()).replace("%p", str(os.getpid())))
+        ucx = parse_ucx_log(text)
+        # UCX's own warnings and errors went to the file too: show them where the user looks
+        for line in text.splitlines():
+            if re.search(r"UCX\s+(ERROR|WARN)", line):
+                sys.stderr.write(line + "\n")
+    return ompi, ucx
+
+
+def mpi_family(libs):
+    """'openmpi' | 'mpich' (MPICH, Intel MPI, Cray MPICH: the MPICH ABI) | None, from the libmpi mapped."""
+    if any(l.startswith("libmpi.so.40") or l.startswith("libopen-pal") for l in libs):
+        return "openmpi"
+    if any(l.startswith(("libmpi.so.12", "libmpi_abi.so")) for l in libs):
+        return "mpich"
+    return None
+
+
+def _ucx_transport(libs, devices, ucx):
+    """(transport text, rdma) of UCX between nodes: its own tables when it printed an inter-node
+    one, else what is loaded and visible (no IB transport open or no device: its tcp one)."""
+    inter = (ucx or {}).get("inter-node") or []
+    if inter:
+        names = sorted(set(t.split("/", 1)[0] for t in inter))
+        return "ucx/" + "+".join(names), ucx_rdma(inter), "UCX's protocol table: " + ", ".join(inter[:4])
+    rdma = devices["dev_infiniband"] and any(l.startswith("libuct_ib") for l in libs)
+    return ("ucx/" + ("ib" if rdma else "tcp"), rdma,
+            "UCX" + ("" if rdma else " (no IB transport open: its tcp one carries the traffic)"))
+
+
+def _ofi_transport(provider, devices):
+    if not provider:
+        return "unknown (FI_PROVIDER unset)", devices["cxi"] or devices["efa"] or devices["dev_infiniband"]
+    return provider, provider not in TCP_LIKE
+
+
+def mpi_layer(libs, devices, ompi=None, ucx=None):
+    """The MPI's transport between nodes (a layer dict), or None when no MPI is seen.
+
+    Open MPI: the pml its selection log names (``ompi``; else the mca_pml_*.so still mapped:
+    a build with dlopen'd components unloads the rest), then UCX's tables for pml ucx, the
+    mtl's libfabric provider for pml cm, the network BTLs for ob1. MPICH (and MPICH-ABI
+    libraries: Intel MPI, Cray MPICH): its ch4 netmod, UCX when UCX printed tables or is loaded
+    and MPIR_CVAR_CH4_NETMOD does not ask for ofi, else libfabric with the provider the job
+    asked for (FI_PROVIDER, MPIR_CVAR_OFI_USE_PROVIDER, I_MPI_OFI_PROVIDER)."""
+    comp = mpi_components(libs)
+    family = mpi_family(libs)
+    if ompi and ompi.get("pml"):
+        comp = {"pml": [ompi["pml"]], "btl": ompi["btl"] or comp["btl"], "mtl": ompi["mtl"] or comp["mtl"]}
+        family = "openmpi"
+    if comp["pml"]:
+        pml = comp["pml"][0]
+        # a verbs/UCT BTL initialises without a device too (with no module to send through)
+        any_device = devices["dev_infiniband"] or devices["efa"] or devices["cxi"]
+        net_btls = [b for b in comp["btl"] if b not in SHARED_MEMORY_BTLS
+                    and (any_device or b not in DEVICE_BTLS)]
+        layer = {"mpi": "openmpi", "pml": pml, "btl": comp["btl"], "mtl": comp["mtl"],
+                 "seen_in": "selection log" if ompi else "mapped components"}
+        if pml == "ucx":
+            transport, rdma, via = _ucx_transport(libs, devices, ucx)
+            layer.update(transport=transport, rdma=rdma, via=via)
+        elif pml == "cm":
+            provider = os.environ.get("FI_PROVIDER", "") if "ofi" in comp["mtl"] else ""
+            if "ofi" in comp["mtl"]:
+                provider, rdma = _ofi_transport(provider, devices)
+            else:
+                rdma = bool(comp["mtl"])       # psm2, portals4: no TCP mode
+            layer.update(transport="cm/%s%s" % ("+".join(comp["mtl"]) or "?", ":" + provider if provider else ""),
+                         rdma=bool(rdma), via="mtl %s" % "+".join(comp["mtl"]))
+        else:
+            rdma = any(b not in ("tcp",) for b in net_btls)
+            layer.update(transport="%s/%s" % (pml, "+".join(net_btls) or "none"), rdma=rdma,
+                         via="btl " + ("+".join(net_btls) or "none"))
+        return layer
+    if family != "mpich":
+        return None
+    netmod = os.environ.get("MPIR_CVAR_CH4_NETMOD", "").strip().lower()
+    has_ucx = any(l.startswith("libucp") for l in libs)
+    if (ucx or (has_ucx and netmod != "ofi")) and netmod != "ofi":
+        transport, rdma, via = _ucx_transport(libs, devices, ucx)
+        return {"mpi": "mpich", "netmod": "ucx", "transport": "ch4:" + transport, "rdma": rdma, "via": via}
+    if any(l.startswith("libfabric") for l in libs):
+        provider = next((os.environ[v].strip() for v in ("FI_PROVIDER", "MPIR_CVAR_OFI_USE_PROVIDER",
+                                                          "I_MPI_OFI_PROVIDER") if os.environ.get(v, "").strip()), "")
+        provider, rdma = _ofi_transport(provider, devices)
+        return {"mpi": "mpich", "netmod": "ofi", "transport": "ch4:ofi/" + provider, "rdma": bool(rdma),
+                "via": "libfabric provider " + provider}
+    return None
 
 
 def parse_nccl_log(text):
@@ -179,7 +348,8 @@ def observe(controller, nccl=None):
     libs = loaded_libraries()
     devices = rdma_devices()
     layers = {}
-    mpi = mpi_layer(libs, devices)
+    ompi, ucx = read_transport_logs()
+    mpi = mpi_layer(libs, devices, ompi, ucx)
     if mpi:
         layers["mpi"] = mpi
     if controller in ("gloo", "tf"):
@@ -193,6 +363,7 @@ def observe(controller, nccl=None):
     return {"host": socket.gethostname(), "fabric": fabric(), "layers": layers, "devices": devices,
             "verbs_provider": verbs_provider_present(), "libfabric": libfabric,
             "ucx": sorted(l for l in libs if l.startswith(("libucp", "libuct"))),
+            "ucx_transports": ucx or {},
             "nccl_plugin": sorted(l for l in libs if l.startswith("libnccl-net"))}
 
 

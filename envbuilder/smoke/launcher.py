@@ -30,7 +30,8 @@ from .fabric import floor_checks, judge as fabric_check
 from .merge import launch_check, merge_run, operations_check
 from .mpi_library import SITE_ENV as SITE_MPI_ENV
 from .mpi_library import collect as collect_mpi, merge as merge_mpi, write_record as write_mpi_record
-from .plan import log, plan_runs
+from . import mpi_probe
+from .plan import PACKAGE, log, plan_runs
 from .report import finish, no_runs_result
 from .watch import ACTIVE, install_signal_handlers, read_ranks, stop_run
 
@@ -97,6 +98,14 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
         if rank == 0:
             records = collect_mpi(mwd, size, wait_s=args.timeout)
             checks.append(merge_mpi(records, size, expect["mpi"], os.environ.get(SITE_MPI_ENV) or None))
+    if mpi_probe.wanted(expect, runs):
+        # no run here initialises MPI: an mpi4py allreduce across the tasks does (mpi_probe.py)
+        pwd = os.path.join(base, "mpi-probe")
+        if rank == 0:
+            log(args, "MPI allreduce through mpi4py across the %d tasks" % size)
+        mpi_probe.run_in_task(PACKAGE, pwd, rank, args.timeout)
+        if rank == 0:
+            checks.extend(mpi_probe.merge(mpi_probe.collect(pwd, size, wait_s=30), size))
     run_records = []
     if not runs:
         checks.append(no_runs_result(expect))

@@ -19,7 +19,8 @@ from .common import (FAIL, FAULT_ENV, PASS, SKIP, bandwidth_result, bandwidth_ro
                      env_local_rank, env_local_size, env_rank, env_size, fmt_bytes, parse_fault,
                      rank_file, result,
                      threads_per_rank, write_json_atomic)
-from .fabric import check_name as fabric_check, fabric, nccl_debug_setup, rank_result as fabric_result
+from .fabric import (check_name as fabric_check, fabric, nccl_debug_setup, rank_result as fabric_result,
+                     transport_logging_setup)
 
 # Message sizes (bytes) for the bandwidth measurement, and the allreduce correctness grid.
 BANDWIDTH_SIZES = (4 << 10, 256 << 10, 4 << 20, 16 << 20)
@@ -494,6 +495,8 @@ def main(argv=None):
         expect = json.load(fh).get("expect") or {}
 
     rank = env_rank()
+    if fabric():
+        transport_logging_setup(args.workdir)   # Open MPI's and UCX's own logs name what they chose
     if fabric() and expect.get("gpu"):
         nccl_debug_setup(args.workdir)      # NCCL's init log names the network it chose
     progress = Progress(args.workdir, rank)

@@ -45,9 +45,11 @@ class Stack:
 
     @property
     def cuda_toolkit_requirement(self) -> str | None:
-        """The CUDA toolkit wheels (nvcc, headers) Horovod's NCCL build needs: devel stage only."""
+        """The CUDA toolkit wheels (nvcc, headers) Horovod's NCCL build and NCCL's network plugin
+        build need: devel stage only."""
         hv = self.spec.horovod
-        if not (self.pypi_cuda and hv and "nccl" in hv.operations and self.horovod_sdist):
+        horovod_nccl = bool(hv and "nccl" in hv.operations and self.horovod_sdist)
+        if not (self.pypi_cuda and (horovod_nccl or self.nccl_plugin_build)):
             return None
         return self.pypi_cuda.get("toolkit")
 
@@ -146,6 +148,31 @@ class Stack:
         """The fabric's tested variables that the spec's/site's cluster.env does not set itself."""
         own = dict(self.spec.cluster.env)
         return {k: str(v) for k, v in sorted(((self.fabric or {}).get("env") or {}).items()) if k not in own}
+
+    @property
+    def libfabric_build(self) -> dict | None:
+        """The libfabric the image builds for its fabric (fabrics.<kind>.libfabric_build: version,
+        prefix, providers) with its tarball's url and sha256; None when the fabric needs none."""
+        want = (self.fabric or {}).get("libfabric_build") if self.fabric_libraries else None
+        if not want:
+            return None
+        return {**want, **self.catalog.libfabric_tarball(want["version"])}
+
+    @property
+    def nccl_plugin_build(self) -> dict | None:
+        """NCCL's libfabric plugin built in the image (a fabric with plugin_from: image, a CUDA
+        stack that is not an NGC image): name, version, prefix, its tarball and build options."""
+        fab = self.fabric or {}
+        if not (self.fabric_libraries and fab.get("nccl_plugin") and fab.get("plugin_from") == "image"):
+            return None
+        if not self.spec.cuda or self.ngc is not None:
+            return None
+        plugin = self.catalog.nccl_plugin(fab["nccl_plugin"])
+        version = plugin["version"]
+        return {"name": fab["nccl_plugin"], "version": version, "prefix": plugin["prefix"],
+                "devel_apt": list(plugin.get("devel_apt") or []),
+                "configure": list(plugin.get("configure") or []) + list(fab.get("plugin_configure") or []),
+                **plugin["tarballs"][version]}
 
     @property
     def cuda_major(self) -> int | None:

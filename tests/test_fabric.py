@@ -198,8 +198,9 @@ def _without_hash(text: str) -> str:
     ("ib", "gpu.yaml", ["rdma-core", "libibverbs1", "ibverbs-providers", "librdmacm1", "libucx0", "ucx-utils"],
      "--with-ucx=/usr", "libucx-dev"),
     ("slingshot", "gpu.yaml", ["libfabric1"], "--with-ofi=/usr", "libfabric-dev"),
-    # Debian's Open MPI (cpu-torch): the packages only, no source build to configure
-    ("efa", "cpu-torch.yaml", ["libfabric1", "rdma-core", "libibverbs1", "ibverbs-providers"], None, None),
+    # Debian's Open MPI (cpu-torch): the packages only, no source build to configure; libfabric is
+    # the image's own build (below)
+    ("efa", "cpu-torch.yaml", ["rdma-core", "libibverbs1", "ibverbs-providers", "librdmacm1"], None, None),
 ])
 def test_an_rdma_fabric_puts_its_libraries_in_the_image_and_lints(tmp_path, kind, recipe, runtime_pkgs, configure,
                                                                   devel_pkg):
@@ -219,6 +220,63 @@ def test_an_rdma_fabric_puts_its_libraries_in_the_image_and_lints(tmp_path, kind
     proc = subprocess.run([venv_tool("hadolint"), "--no-color", "--format", "json", str(out / "Dockerfile")],
                           capture_output=True, text=True)
     assert [f for f in json.loads(proc.stdout or "[]") if f["code"] != "DL3008"] == []
+
+
+def test_efa_builds_libfabric_and_the_nccl_plugin_from_hashed_tarballs_into_the_gpu_image(tmp_path):
+    """fabric efa on a GPU stack with CUDA from PyPI: libfabric 2.5.0 (Debian's 1.17 is below what
+    aws-ofi-nccl's AWS platform build accepts) and aws-ofi-nccl 1.16.0 built in the devel stage,
+    each download checked against the catalog's sha256 (Spack's), the CUDA toolkit wheels there
+    for the plugin's configure and gone before the runtime stage copies the venv, both prefixes
+    copied into the runtime stage and first on LD_LIBRARY_PATH; the Dockerfile lints, the
+    definition file carries the same build."""
+    from envbuilder.compat.catalog import load_catalog as cat_
+    from envbuilder.needs import source_tarballs
+    from envbuilder.resolve import resolve
+    from envbuilder.spec import load_spec
+    from infra import venv_tool
+
+    r, out = render(tmp_path, "fabric: efa\n", recipe="torch-ddp-pypi.yaml")
+    assert r.code == 0, r.err
+    dockerfile = (out / "Dockerfile").read_text()
+    devel, runtime = dockerfile.split(" AS runtime", 1)
+    cat = cat_().data
+    lf = cat["libfabric"]["tarballs"]["2.5.0"]
+    plug = cat["nccl_plugins"]["aws-ofi-nccl"]["tarballs"]["1.16.0"]
+    for tar in (lf, plug):
+        name = tar["url"].rsplit("/", 1)[1]
+        assert "curl -fsSL --retry 3 -o /tmp/" in devel and tar["url"] in devel
+        assert f"echo '{tar['sha256']}  " in devel and f"/{name}' | sha256sum -c -" in devel
+    assert "./configure --prefix=/opt/libfabric --enable-efa=yes --enable-verbs=yes" in devel
+    assert ("./configure --prefix=/opt/aws-ofi-nccl --with-libfabric=/opt/libfabric --with-cuda=/usr/local/cuda "
+            "--disable-tests --enable-cudart-dynamic --with-hwloc=/usr --enable-platform-aws") in devel
+    # the order: libfabric, the toolkit, the plugin, then the toolkit removed
+    at = [devel.index(x) for x in ("libfabric-2.5.0.tar.bz2", "CUDA toolkit wheels for compiling NCCL's network plugin",
+                                   "aws-ofi-nccl-1.16.0 ./autogen.sh", "pip uninstall -y")]
+    assert at == sorted(at), at
+    assert "COPY --from=devel /opt/libfabric /opt/libfabric" in runtime
+    assert "COPY --from=devel /opt/aws-ofi-nccl /opt/aws-ofi-nccl" in runtime
+    assert 'LD_LIBRARY_PATH="/opt/aws-ofi-nccl/lib:/opt/libfabric/lib:${LD_LIBRARY_PATH:-}"' in runtime
+    proc = subprocess.run([venv_tool("hadolint"), "--no-color", "--format", "json", str(out / "Dockerfile")],
+                          capture_output=True, text=True)
+    assert [f for f in json.loads(proc.stdout or "[]") if f["code"] != "DL3008"] == []
+    deffile = (out / "Apptainer.def").read_text()
+    assert "aws-ofi-nccl-1.16.0 ./configure --prefix=/opt/aws-ofi-nccl" in deffile and plug["sha256"] in deffile
+    # what the lock pins: both tarballs, with the catalog's hashes, after the stack's own
+    spec_path = tmp_path / "efa.yaml"
+    spec_path.write_text((RECIPES / "torch-ddp-pypi.yaml").read_text() + "\n")
+    text = spec_path.read_text().replace("cluster: {gpus_per_node: 4}", "cluster: {gpus_per_node: 4, fabric: efa}")
+    spec_path.write_text(text)
+    stack = resolve(load_spec(str(spec_path)))
+    wanted = {t["name"]: (t["version"], t["sha256"]) for t in source_tarballs(stack)}
+    assert wanted == {"libfabric": ("2.5.0", lf["sha256"]), "nccl-plugin": ("1.16.0", plug["sha256"])}
+
+
+def test_efa_on_a_cpu_stack_builds_libfabric_but_no_nccl_plugin(tmp_path):
+    r, out = render(tmp_path, "fabric: efa\n")
+    assert r.code == 0, r.err
+    dockerfile = (out / "Dockerfile").read_text()
+    assert "libfabric-2.5.0.tar.bz2" in dockerfile and "aws-ofi-nccl" not in dockerfile
+    assert "/opt/libfabric/lib:${LD_LIBRARY_PATH:-}" in dockerfile
 
 
 def test_fabric_tcp_leaves_the_image_as_it_was(tmp_path):

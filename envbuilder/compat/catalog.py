@@ -127,6 +127,10 @@ class Catalog:
     def nccl_plugin(self, name: str) -> dict:
         return self.data["nccl_plugins"][name]
 
+    def libfabric_tarball(self, version: str) -> dict:
+        """libfabric's release tarball (url, sha256, sources) for a fabric that builds it."""
+        return self.data["libfabric"]["tarballs"][version]
+
 
 @lru_cache(maxsize=1)
 def load_catalog() -> Catalog:

@@ -41,9 +41,11 @@ def fabric_rules(spec: Spec, ctx: Context):
     if not name or fab.get("plugin_from") != "image":
         return
     plugin = ctx.catalog.nccl_plugin(name)
-    version = max(plugin["tarballs"], key=lambda v: [int(x) for x in v.split(".")])
+    version = plugin.get("version") or max(plugin["tarballs"], key=lambda v: [int(x) for x in v.split(".")])
+    # the libfabric the plugin builds and runs against: the image's own build, else the OS's package
+    built = (fab.get("libfabric_build") or {}).get("version")
     have = {"plugin": version, "nccl": _nccl(spec, ctx),
-            "libfabric": (fab.get("libfabric") or {}).get(ctx.os_name or "")}
+            "libfabric": built or (fab.get("libfabric") or {}).get(ctx.os_name or "")}
     for bad in plugin["known_bad"]:
         keys = [k for k in ("plugin", "nccl", "libfabric") if k in bad]
         if all(have[k] and satisfies(have[k], bad[k]) for k in keys):

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from ..plan import Plan, Stage
 from ..resolve import Stack
-from . import conda, cuda, framework, horovod, mpi, packages, python, smoke, system
+from . import conda, cuda, fabric, framework, horovod, mpi, packages, python, smoke, system
 
 
 def assemble(stack: Stack) -> Plan:
     spec = stack.spec
     devel = Stage("devel", _base(stack, "devel", stack.base))
     devel.items += system.devel_steps(stack)
+    devel.items += fabric.libfabric_steps(stack)        # before the MPI that builds against it
     devel.items += mpi.devel_steps(stack)
     devel.items += python.devel_steps(stack)
     devel.items += cuda.wheel_steps(stack)
@@ -19,6 +20,7 @@ def assemble(stack: Stack) -> Plan:
     devel.items += mpi.wheel_steps(stack)
     devel.items += cuda.toolkit_steps(stack)
     devel.items += horovod.devel_steps(stack)
+    devel.items += fabric.plugin_steps(stack)           # needs the CUDA toolkit slim_steps removes
     devel.items += cuda.slim_steps(stack)
     devel.items += packages.pip_steps(stack)
     devel.items += conda.devel_steps(stack)
@@ -32,16 +34,16 @@ def assemble(stack: Stack) -> Plan:
         final = Stage("runtime", _base(stack, "runtime", stack.runtime_base))
         final.items += system.runtime_steps(stack)
         wheels = cuda.runtime_copies(stack)         # NVIDIA's libraries: a layer before the venv's
-        final.items += (mpi.runtime_copies(stack) + wheels + python.runtime_copies(stack, without=wheels)
+        final.items += (fabric.runtime_copies(stack) + mpi.runtime_copies(stack) + wheels + python.runtime_copies(stack, without=wheels)
                         + conda.runtime_copies(stack))
         stages = [devel, final]
     final.items += smoke.install(stack)
 
     env: dict[str, str] = {}
-    for part in (system, mpi, python, framework, horovod, conda):
+    for part in (system, fabric, mpi, python, framework, horovod, conda):
         for key, value in part.runtime_env(stack).items():
-            if key == "PATH" and "PATH" in env:      # components extend PATH, none replaces it
-                value = value.replace("$PATH", env["PATH"])
+            if key in ("PATH", "LD_LIBRARY_PATH") and key in env:   # components extend these, none replaces
+                value = value.replace(f"${{{key}:-}}" if key == "LD_LIBRARY_PATH" else "$PATH", env[key])
             env[key] = value
     env.update(dict(spec.env))
     return Plan(name=spec.name, stages=stages, env=env, labels=smoke.labels(stack),

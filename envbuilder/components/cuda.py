@@ -102,7 +102,10 @@ def toolkit_steps(stack: Stack) -> list[Step]:
         "fix link names: the wheels ship libcudart.so.N and libnccl.so.2 without the unversioned names "
         "CMake's find_library and -lcudart look for (source: RECORD of nvidia-cuda-runtime and nvidia-nccl-cu13)",
     ]
-    return [Step("cuda", f"CUDA toolkit wheels for compiling Horovod's NCCL operations ({CUDA_HOME} -> {tree})",
+    hv = stack.spec.horovod
+    what = " and ".join(w for w, on in (("Horovod's NCCL operations", bool(hv and "nccl" in hv.operations)),
+                                        ("NCCL's network plugin", bool(stack.nccl_plugin_build))) if on)
+    return [Step("cuda", f"CUDA toolkit wheels for compiling {what} ({CUDA_HOME} -> {tree})",
                  cmds, network=True, mounts=mounts, notes=notes, build_env=pip_env(stack))]
 
 

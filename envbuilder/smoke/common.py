@@ -48,6 +48,12 @@ def gpu_absent(expect, no_gpu):
                   "or pass --no-gpu to leave the GPU checks out)")
 
 
+def pmi_pass_fds():
+    """The descriptors Slurm's PMI-2 hands a task (PMI_FD, PMI_CMD_FD): a child process that calls
+    MPI_Init in the task's place must inherit them (subprocess closes every other descriptor)."""
+    return tuple(int(os.environ[v]) for v in ("PMI_FD", "PMI_CMD_FD") if os.environ.get(v, "").isdigit())
+
+
 def result(name, status, detail="", figure="", data=None):
     """One check result as a plain dict (JSON ready)."""
     out = {"name": name, "status": status, "detail": detail, "figure": figure}

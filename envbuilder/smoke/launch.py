@@ -8,7 +8,7 @@ import sys
 import tempfile
 import time
 
-from .common import rank_file, read_json
+from .common import pmi_pass_fds, rank_file, read_json
 from .plan import PACKAGE, build_command, run_env, worker_args_for
 from .watch import ACTIVE, GRACE_S, POLL_S, collect, read_ranks, stop_run, watch
 
@@ -116,8 +116,7 @@ def execute_in_step(run, args, expect, manifest_path, workdir, rank, extra_env=N
                                                                              workdir)
     env = run_env(run, args, expect)
     env.update(extra_env or {})
-    pass_fds = tuple(int(os.environ[v]) for v in ("PMI_FD", "PMI_CMD_FD")
-                     if os.environ.get(v, "").isdigit())
+    pass_fds = pmi_pass_fds()
     run.log_path = os.path.join(workdir, "rank-%d.log" % rank)
     t0 = time.time()
     with open(run.log_path, "wb") as logf:

@@ -21,11 +21,11 @@ import subprocess
 import sys
 import time
 
-from .common import FAIL, PASS, bandwidth_result, bandwidth_row, result, write_json_atomic
+from .common import FAIL, PASS, bandwidth_result, bandwidth_row, pmi_pass_fds, result, write_json_atomic
 from .fabric import check_name, fabric, observe, transport_logging_setup
 
 TAG = "[mpi4py]"
-SIZES = (256 << 10, 4 << 20, 16 << 20)          # bytes of float32 per allreduce
+SIZES = (256 << 10, 4 << 20, 16 << 20)          # bytes of float32 per allreduce (the largest is the figure)
 CHECK_COUNT = 1 << 20                             # elements of the checked allreduce
 
 
@@ -67,7 +67,7 @@ def child(workdir, rank):
             a = array("f", [1.0]) * count
             b = array("f", [0.0]) * count
             comm.Allreduce([a, MPI.FLOAT], [b, MPI.FLOAT])         # warm-up (connections)
-            reps = 5 if nbytes >= (4 << 20) else 20
+            reps = 3 if nbytes >= (4 << 20) else 10
             comm.Barrier()
             t = time.perf_counter()
             for _ in range(reps):
@@ -89,11 +89,31 @@ def run_in_task(package, workdir, rank, timeout_s):
     """Start this task's rank and wait for it; (returncode or None when killed, stderr tail)."""
     os.makedirs(workdir, exist_ok=True)
     cmd = [sys.executable, "-m", package + ".mpi_probe", "--workdir", workdir, "--rank", str(rank)]
+    env = dict(os.environ)
     try:
-        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout_s)
+        local = int(os.environ.get("SLURM_NTASKS_PER_NODE", "").split("(")[0] or os.environ.get("SLURM_STEP_TASKS_PER_NODE", "1").split("(")[0])
+    except ValueError:
+        local = 1
+    if local >= (os.cpu_count() or 1):
+        # as the suite's Horovod ranks (plan.run_env): ranks that outnumber the cores must not busy-poll
+        env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL, pass_fds=pmi_pass_fds(), env=env)
+        code, err = proc.returncode, proc.stderr.decode(errors="replace")
     except subprocess.TimeoutExpired as exc:
-        return None, (exc.stderr or b"").decode(errors="replace")[-600:]
-    return proc.returncode, proc.stderr.decode(errors="replace")[-600:]
+        code, err = None, (exc.stderr or b"").decode(errors="replace")
+    if not os.path.exists(record_file(workdir, rank)):
+        # it died before writing its record: what it printed is the report's evidence
+        last = [l for l in err.strip().splitlines() if l.strip()][-3:]
+        try:
+            write_json_atomic(record_file(workdir, rank), {
+                "rank": rank, "host": socket.gethostname(), "ok": False,
+                "error": "%s: %s" % ("killed after %d s" % timeout_s if code is None else "exit %d" % code,
+                                     " | ".join(last)[-400:] or "no output")})
+        except OSError:
+            pass            # task 0 has reported (and removed the folder): it names this rank as missing
+    return code, err[-600:]
 
 
 def collect(workdir, size, wait_s):

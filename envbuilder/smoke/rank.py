@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from .common import describe_exit, env_rank, exit_file, write_json_atomic
+from .common import describe_exit, env_rank, exit_file, pmi_pass_fds, write_json_atomic
 
 
 def main(argv=None):
@@ -33,16 +33,12 @@ def main(argv=None):
     rank = env_rank()
     pkg = __package__ or "envbuilder_smoke"
     cmd = [sys.executable, "-m", pkg + ".worker"] + argv
-    pass_fds = []
-    for var in ("PMI_FD", "PMI_CMD_FD"):
-        value = os.environ.get(var, "")
-        if value.isdigit():
-            pass_fds.append(int(value))
+    pass_fds = pmi_pass_fds()
     started = time.time()
     record = {"rank": rank, "wrapper_pid": os.getpid(), "started": started,
               "host": socket.gethostname()}
     try:
-        child = subprocess.Popen(cmd, pass_fds=tuple(pass_fds))
+        child = subprocess.Popen(cmd, pass_fds=pass_fds)
     except OSError as exc:
         record.update({"returncode": 127, "how": "could not start the worker: %s" % exc,
                        "ended": time.time(), "terminated": False})

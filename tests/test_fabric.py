@@ -248,7 +248,7 @@ def test_efa_builds_libfabric_and_the_nccl_plugin_from_hashed_tarballs_into_the_
         assert f"echo '{tar['sha256']}  " in devel and f"/{name}' | sha256sum -c -" in devel
     assert "./configure --prefix=/opt/libfabric --enable-efa=yes --enable-verbs=yes" in devel
     assert ("./configure --prefix=/opt/aws-ofi-nccl --with-libfabric=/opt/libfabric --with-cuda=/usr/local/cuda "
-            "--disable-tests --enable-cudart-dynamic --with-hwloc=/usr --enable-platform-aws") in devel
+            "--disable-tests --enable-cudart-dynamic --enable-platform-aws") in devel
     # the order: libfabric, the toolkit, the plugin, then the toolkit removed
     at = [devel.index(x) for x in ("libfabric-2.5.0.tar.bz2", "CUDA toolkit wheels for compiling NCCL's network plugin",
                                    "aws-ofi-nccl-1.16.0 ./autogen.sh", "pip uninstall -y")]

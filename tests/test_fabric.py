@@ -43,8 +43,33 @@ def test_every_fabric_kind_is_in_the_catalog_with_sources():
         assert entry["rdma"] == (kind != "tcp")
     for entry in cat.data["nccl_plugins"]["aws-ofi-nccl"]["known_bad"]:
         assert entry["sources"] and all(s in cat.sources for s in entry["sources"])
-    for tarball in cat.data["nccl_plugins"]["aws-ofi-nccl"]["tarballs"].values():
-        assert len(tarball["sha256"]) == 64 and tarball["sources"] == ["spack_aws_ofi_nccl"]
+    for tarball in (*cat.data["nccl_plugins"]["aws-ofi-nccl"]["tarballs"].values(),
+                    *cat.data["libfabric"]["tarballs"].values()):
+        assert len(tarball["sha256"]) == 64 and tarball["sources"][0].startswith(("spack_aws_ofi_nccl", "spack_libfabric"))
+        assert all(s in cat.sources for s in tarball["sources"])
+    assert cat.data["nccl_plugins"]["aws-ofi-nccl"]["version"] in cat.data["nccl_plugins"]["aws-ofi-nccl"]["tarballs"]
+
+
+def test_a_plugin_older_than_1_17_is_refused_on_cuda_13(tmp_path):
+    """The known_bad row for CUDA 13 (aws-ofi-nccl < 1.17 does not compile against its headers):
+    a catalog whose plugin is 1.16.0 refuses an efa spec on CUDA 13.0 and takes one on CUDA 12."""
+    import copy
+
+    from envbuilder.compat.catalog import Catalog
+    from envbuilder.compat.rules import check
+    from envbuilder.spec import load_spec
+
+    data = copy.deepcopy(load_catalog().data)
+    data["nccl_plugins"]["aws-ofi-nccl"]["version"] = "1.16.0"
+    old = Catalog(data)
+    spec = tmp_path / "efa13.yaml"
+    spec.write_text((RECIPES / "torch-ddp-pypi.yaml").read_text().replace(
+        "cluster: {gpus_per_node: 4}", "cluster: {gpus_per_node: 4, fabric: efa}"))
+    with pytest.raises(Exception) as exc:
+        check(load_spec(str(spec)), old)
+    text = str(exc.value)
+    assert "FABRIC_PLUGIN_TRIPLE" in text and "cuda 13.0" in text and "PFN_cuCtxGetDevice" in text, text
+    assert not [f for f in check(load_spec(str(spec)), load_catalog()) if f.rule == "FABRIC_PLUGIN_TRIPLE"]
 
 
 def test_slingshot_profile_exports_the_centres_variables_and_env_overrides_them(tmp_path):
@@ -224,7 +249,7 @@ def test_an_rdma_fabric_puts_its_libraries_in_the_image_and_lints(tmp_path, kind
 
 def test_efa_builds_libfabric_and_the_nccl_plugin_from_hashed_tarballs_into_the_gpu_image(tmp_path):
     """fabric efa on a GPU stack with CUDA from PyPI: libfabric 2.5.0 (Debian's 1.17 is below what
-    aws-ofi-nccl's AWS platform build accepts) and aws-ofi-nccl 1.16.0 built in the devel stage,
+    aws-ofi-nccl's AWS platform build accepts) and aws-ofi-nccl 1.17.3 built in the devel stage,
     each download checked against the catalog's sha256 (Spack's), the CUDA toolkit wheels there
     for the plugin's configure and gone before the runtime stage copies the venv, both prefixes
     copied into the runtime stage and first on LD_LIBRARY_PATH; the Dockerfile lints, the
@@ -241,7 +266,7 @@ def test_efa_builds_libfabric_and_the_nccl_plugin_from_hashed_tarballs_into_the_
     devel, runtime = dockerfile.split(" AS runtime", 1)
     cat = cat_().data
     lf = cat["libfabric"]["tarballs"]["2.5.0"]
-    plug = cat["nccl_plugins"]["aws-ofi-nccl"]["tarballs"]["1.16.0"]
+    plug = cat["nccl_plugins"]["aws-ofi-nccl"]["tarballs"]["1.17.3"]
     for tar in (lf, plug):
         name = tar["url"].rsplit("/", 1)[1]
         assert "curl -fsSL --retry 3 -o /tmp/" in devel and tar["url"] in devel
@@ -251,7 +276,7 @@ def test_efa_builds_libfabric_and_the_nccl_plugin_from_hashed_tarballs_into_the_
             "--disable-tests --enable-cudart-dynamic --enable-platform-aws") in devel
     # the order: libfabric, the toolkit, the plugin, then the toolkit removed
     at = [devel.index(x) for x in ("libfabric-2.5.0.tar.bz2", "CUDA toolkit wheels for compiling NCCL's network plugin",
-                                   "aws-ofi-nccl-1.16.0 ./autogen.sh", "pip uninstall -y")]
+                                   "aws-ofi-nccl-1.17.3 ./autogen.sh", "pip uninstall -y")]
     assert at == sorted(at), at
     assert "COPY --from=devel /opt/libfabric /opt/libfabric" in runtime
     assert "COPY --from=devel /opt/aws-ofi-nccl /opt/aws-ofi-nccl" in runtime
@@ -260,7 +285,7 @@ def test_efa_builds_libfabric_and_the_nccl_plugin_from_hashed_tarballs_into_the_
                           capture_output=True, text=True)
     assert [f for f in json.loads(proc.stdout or "[]") if f["code"] != "DL3008"] == []
     deffile = (out / "Apptainer.def").read_text()
-    assert "aws-ofi-nccl-1.16.0 ./configure --prefix=/opt/aws-ofi-nccl" in deffile and plug["sha256"] in deffile
+    assert "aws-ofi-nccl-1.17.3 ./configure --prefix=/opt/aws-ofi-nccl" in deffile and plug["sha256"] in deffile
     # what the lock pins: both tarballs, with the catalog's hashes, after the stack's own
     spec_path = tmp_path / "efa.yaml"
     spec_path.write_text((RECIPES / "torch-ddp-pypi.yaml").read_text() + "\n")
@@ -268,7 +293,7 @@ def test_efa_builds_libfabric_and_the_nccl_plugin_from_hashed_tarballs_into_the_
     spec_path.write_text(text)
     stack = resolve(load_spec(str(spec_path)))
     wanted = {t["name"]: (t["version"], t["sha256"]) for t in source_tarballs(stack)}
-    assert wanted == {"libfabric": ("2.5.0", lf["sha256"]), "nccl-plugin": ("1.16.0", plug["sha256"])}
+    assert wanted == {"libfabric": ("2.5.0", lf["sha256"]), "nccl-plugin": ("1.17.3", plug["sha256"])}
 
 
 def test_efa_on_a_cpu_stack_builds_libfabric_but_no_nccl_plugin(tmp_path):

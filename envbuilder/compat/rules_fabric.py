@@ -44,10 +44,10 @@ def fabric_rules(spec: Spec, ctx: Context):
     version = plugin.get("version") or max(plugin["tarballs"], key=lambda v: [int(x) for x in v.split(".")])
     # the libfabric the plugin builds and runs against: the image's own build, else the OS's package
     built = (fab.get("libfabric_build") or {}).get("version")
-    have = {"plugin": version, "nccl": _nccl(spec, ctx),
+    have = {"plugin": version, "nccl": _nccl(spec, ctx), "cuda": spec.cuda.version,
             "libfabric": built or (fab.get("libfabric") or {}).get(ctx.os_name or "")}
     for bad in plugin["known_bad"]:
-        keys = [k for k in ("plugin", "nccl", "libfabric") if k in bad]
+        keys = [k for k in ("plugin", "nccl", "libfabric", "cuda") if k in bad]
         if all(have[k] and satisfies(have[k], bad[k]) for k in keys):
             what = ", ".join(f"{k} {have[k]}" for k in keys)
             yield Finding("FABRIC_PLUGIN_TRIPLE", ERROR, "cluster.fabric",

@@ -14,13 +14,15 @@ ENVBUILDER_LONG_BUILDS=1."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES, run_envbuilder
+from conftest import RECIPES, ROOT, run_envbuilder
 from infra import base_image, docker_cli, long_build, require_docker
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -198,3 +200,84 @@ def test_gpu_image_without_libnccl_fails_verify_naming_the_check(ddp_image, tmp_
         assert "FAIL" in r.out.upper()
     finally:
         docker("rmi", "-f", tag, check=False)
+
+
+# --- TensorFlow 2.15.1 GPU + Horovod (MPI, Gloo) with CUDA 12.2 from PyPI ---------------------------
+# tensorflow[and-cuda] 2.15.1 pins CUDA 12.2, cuDNN 8.9.4.25 and NCCL 2.16.5; its nvcc wheel holds
+# ptxas only, so Horovod is built without NCCL operations (rule PYPI_CUDA_NO_NVCC refuses them).
+
+@pytest.fixture(scope="module")
+def tf_horovod_image(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu") / "tf-horovod-pypi"
+    info = _build("tf-horovod-pypi", out)
+    yield out, info
+    docker("rmi", "-f", info["tag"], check=False)
+
+
+@long_build
+def test_tf_lock_pins_the_wheels_tensorflow_2151_names(tf_horovod_image):
+    out, _ = tf_horovod_image
+    lock = json.loads((out / "envbuilder.lock").read_text())
+    groups = lock["pip"]["groups"] if "groups" in lock["pip"] else lock["pip"]
+    cuda = {e["name"].lower().replace("_", "-"): e for e in groups["cuda"]}
+    assert cuda["nvidia-cuda-runtime-cu12"]["version"] == "12.2.140"
+    assert cuda["nvidia-cudnn-cu12"]["version"] == "8.9.4.25"
+    assert cuda["nvidia-nccl-cu12"]["version"] == "2.16.5"
+    assert all(len(e["sha256"]) == 64 for e in cuda.values())
+    assert "toolkit" not in groups                           # no Horovod NCCL build: no toolkit
+
+
+@long_build
+def test_tf_runtime_stage_has_one_copy_of_each_library_and_no_nvcc(tf_horovod_image):
+    _, info = tf_horovod_image
+    found = in_image(info["tag"], f"find / -xdev \\( -path {SITE}/tensorflow -o -path /proc \\) -prune -o "
+                                  f"\\( -name nvcc -o -name 'cuda_runtime.h' -o -name nccl.h -o -name 'libnccl.so*' "
+                                  f"-o -name 'libcudnn.so*' -o -name 'libcudart.so*' -o -name 'libcublas.so*' \\) "
+                                  f"-print | sort")
+    names = [Path(p).name for p in found.split()]
+    assert "nvcc" not in names and "cuda_runtime.h" not in names and "nccl.h" not in names, found
+    for lib in ("libnccl.so.2", "libcudnn.so.8", "libcudart.so.12", "libcublas.so.12"):
+        assert names.count(lib) == 1, (lib, found)
+    assert in_image(info["tag"], "command -v g++ cmake || true").strip() == ""
+    assert venv_layers(info["tag"]) == [f"{SITE}/nvidia", "/opt/venv"]
+
+
+@long_build
+def test_tf_horovod_image_verifies_with_two_ranks_without_gpu(tf_horovod_image, tmp_path):
+    out, info = tf_horovod_image
+    report = tmp_path / "report.json"
+    r = verify(str(out), "--image", info["tag"], "--runtime", "docker", "--ranks", "2", "--no-gpu",
+               "--report", str(report))
+    assert r.code == 0, r.out + r.err[-3000:]
+    checks = checks_of(report)
+    assert checks["versions.cuda_runtime"]["figure"] == "12.2", checks["versions.cuda_runtime"]
+    assert checks["versions.cudnn_library"]["figure"] == "8.9.4", checks["versions.cudnn_library"]
+    assert checks["versions.nccl_library"]["figure"] == "2.16.5", checks["versions.nccl_library"]
+    # TensorFlow names no NCCL version of its own: the check says which one reads the library
+    assert checks["versions.nccl"]["status"] == "skip" and "versions.nccl_library" in checks["versions.nccl"]["detail"]
+    ops = checks["horovod.operations"]
+    assert ops["status"] == "pass" and "nccl built" not in ops["detail"], ops
+    assert checks["allreduce.exact[mpi]"]["status"] == "pass"
+    assert any(n.startswith("train.") and c["status"] == "pass" for n, c in checks.items())
+    assert "OK without GPU checks" in r.out + r.err
+    assert json.loads(report.read_text())["gpu_checks"] == "left out"
+
+
+def gpu_figures(tag: str) -> dict:
+    """bench/gpu_figures.py's figures (size, payload, duplicate NVIDIA libraries) of an image."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location("envbuilder_gpu_figures", ROOT / "bench" / "gpu_figures.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return module.figures(tag)
+
+
+@long_build
+def test_tf_size_is_within_ten_percent_of_its_payload(tf_horovod_image):
+    _, info = tf_horovod_image
+    figures = gpu_figures(info["tag"])
+    assert figures["ratio"] <= 1.10, figures
+    assert figures["duplicates"] == {}, figures

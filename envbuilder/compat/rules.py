@@ -533,6 +533,15 @@ def cuda_from_pypi(spec: Spec, ctx: Context):
                           f"{fw.name} {fw.version}'s wheels pin {key} {wheels[key]}, not {asked}",
                           f"leave cuda.{key} out (the wheel's pin is used) or set it to \"{wheels[key]}\"",
                           wheels["sources"])
+    hv = spec.horovod
+    if wheels.get("nvcc") is False and hv and "nccl" in hv.operations:
+        ops = [op for op in hv.operations if op != "nccl"] or ["mpi", "gloo"]
+        yield Finding("PYPI_CUDA_NO_NVCC", ERROR, "horovod.operations",
+                      f"Horovod's NCCL operations compile CUDA kernels with nvcc, and {fw.name} {fw.version}'s "
+                      f"CUDA {wheels['cuda']} wheels bring no nvcc (nvidia-cuda-nvcc-cu12 holds ptxas only; no "
+                      "CUDA 12 wheel on PyPI has the compiler)",
+                      f"use horovod: {{operations: [{', '.join(ops)}]}} (GPU tensors reduced through host memory), "
+                      "or cuda: {source: image} with an nvidia/cuda devel base that has nvcc", wheels["sources"])
     if ctx.base.startswith(("nvidia/cuda:", "nvcr.io/")):
         yield Finding("PYPI_CUDA_BASE", ERROR, "base",
                       f"{ctx.base} already holds CUDA; source: pypi installs it from NVIDIA's wheels",

@@ -142,15 +142,16 @@ def test_mpi_library_merge_names_node_and_rank():
 
 # --------------------------------------------------------------------------- real: Docker + Slurm
 
-def built_image(tmp: Path, name: str, mpi: str) -> tuple[Path, str]:
-    """The image of NAME (MPI from PyPI, the module SPEC), built once per test run: its tag stays in
-    the engine until the run ends (infra.keep_for_run), so every module that runs it (this one,
-    tests/test_mpi_multinode.py) finds the image itself. Returns (spec, tag)."""
+def built_image(tmp: Path, name: str, mpi: str, extra: str = "") -> tuple[Path, str]:
+    """The image of NAME (MPI from PyPI, the module SPEC + EXTRA lines), built once per test run: its
+    tag stays in the engine until the run ends (infra.keep_for_run), so every module that runs it
+    (this one, tests/test_mpi_multinode.py, tests/test_mpi_horovod.py) finds the image itself.
+    Returns (spec, tag)."""
     from infra import base_image, built_once, keep_for_run, require_docker, wheelhouse
 
     require_docker()
     base_image()
-    spec = spec_file(tmp, name, mpi)
+    spec = spec_file(tmp, name, mpi, extra)
     out = tmp / f"img-{name}"
     probe = run_envbuilder("build", str(spec), "--no-build", "--out", str(out))
     assert probe.code == 0, probe.err

@@ -117,3 +117,48 @@ def test_horovod_of_the_mpich_image_runs_intel_mpi_injected_on_both_nodes(cluste
     assert sorted(per_node) == list(NODES), lib
     assert all(v["flavor"] == "intel-mpi" and v["path"].startswith(impi_on_nodes + "/") for v in per_node.values()), lib
     print(f"Horovod of the MPICH image with Intel MPI injected, 2 nodes x 2 ranks: verify --slurm {wall:.1f} s")
+
+
+# --------------------------------------------------------------------------- the MPI-5 standard ABI
+
+@pytest.fixture(scope="module")
+def abi_horovod(cluster, shared):
+    from test_mpi_abi import ABI
+    return horovod_image(shared, "hvd-mpich-abi", ABI)
+
+
+def test_horovod_on_the_standard_abi_runs_the_image_libmpi_abi_then_intel_mpi(cluster, shared, abi_horovod,
+                                                                              tmp_path_factory):
+    from test_mpi_abi import NODES as ABI_NODES
+    from test_mpi_pypi import impi_folder
+    spec, tag, directory = abi_horovod
+    links = horovod_links(tag)
+    assert "libmpi_abi.so.1 => /opt/venv/lib/libmpi_abi.so.1" in links and "libmpi.so.12" not in links, links
+    folder = job(spec, shared / "job-hvd-abi", site(shared, "mc-hvd-abi", "pmi2"))
+    r, report, wall = verify(cluster, folder, "--image", directory)
+    lib = assert_horovod_passed(r, report)
+    assert all(v["flavor"] == "mpich" and v["path"] == "/opt/venv/lib/libmpi_abi.so.1"
+               for v in lib["data"]["library"].values()), lib
+    print(f"Horovod on the standard ABI (image's libmpi_abi), 2 nodes x 2 ranks: verify --slurm {wall:.1f} s")
+    # Intel MPI's libmpi_abi.so.1 as the site's standard-ABI MPI on both nodes
+    import shutil
+    import uuid
+
+    from infra import MINICLUSTER_ROOT
+    lib_dir = impi_folder(tmp_path_factory.mktemp("impi-abi-hvd"), "libmpi_abi.so.1")
+    name = f"impi-abi-hvd-{uuid.uuid4().hex[:6]}"
+    made = [Path(MINICLUSTER_ROOT) / "local" / n / name for n in ABI_NODES]
+    try:
+        for d in made:
+            shutil.copytree(lib_dir, d / "lib")
+        profile = site(shared, "mc-hvd-abi-impi", "pmi2", f"site_mpi: [/local/{name}/lib]\nsite_mpi_abi: standard\n"
+                                                          "site_mpi_env: {FI_PROVIDER: tcp}\n")
+        folder = job(spec, shared / "job-hvd-abi-impi", profile)
+        r, report, wall = verify(cluster, folder, "--image", directory)
+        lib = assert_horovod_passed(r, report)
+        assert all(v["flavor"] == "intel-mpi" and v["path"] == f"/local/{name}/lib/libmpi_abi.so.1"
+                   for v in lib["data"]["library"].values()), lib
+        print(f"Horovod on the standard ABI with Intel MPI's libmpi_abi injected: verify --slurm {wall:.1f} s")
+    finally:
+        for d in made:
+            shutil.rmtree(d, ignore_errors=True)

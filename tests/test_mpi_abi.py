@@ -126,7 +126,8 @@ def abi_program(cluster, shared, tmp_path_factory):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ldd = subprocess.run(["ldd", str(tmp / "allreduce")], capture_output=True, text=True).stdout
     assert "libmpi_abi.so.1" in ldd and "libmpi.so.12" not in ldd, ldd
-    program = shared / "abi-allreduce"
+    (shared / "abi-bin").mkdir()
+    program = shared / "abi-bin" / "abi-allreduce"          # bound into the container (site binds)
     shutil.copy2(tmp / "allreduce", program)
     return program
 
@@ -182,7 +183,7 @@ def library_per_node(cluster, folder: Path, directory: str) -> dict:
 def test_the_standard_abi_image_runs_its_own_libmpi_abi_on_two_nodes(cluster, shared, abi_image, abi_program):
     from test_mpi_multinode import job, site
     spec, directory = abi_image
-    folder = job(spec, shared / "job-abi", site(shared, "mc-abi", "pmi2"))
+    folder = job(spec, shared / "job-abi", site(shared, "mc-abi", "pmi2", f"binds: [{abi_program.parent}]\n"))
     recs = run_program(cluster, folder, directory, abi_program)
     assert all(r[5] == "/opt/venv/lib/libmpi_abi.so.1" and r[6].startswith("MPICH Version:") for r in recs), recs
     lib = library_per_node(cluster, folder, directory)
@@ -195,7 +196,8 @@ def test_intel_mpi_standard_abi_library_injected_on_both_nodes(cluster, shared, 
     from test_mpi_multinode import job, site
     spec, directory = abi_image
     profile = site(shared, "mc-abi-impi", "pmi2", f"site_mpi: [{impi_abi_on_nodes}]\nsite_mpi_abi: standard\n"
-                                                  "site_mpi_env: {FI_PROVIDER: tcp}\n")
+                                                  "site_mpi_env: {FI_PROVIDER: tcp}\n"
+                                                  f"binds: [{abi_program.parent}]\n")
     folder = job(spec, shared / "job-abi-impi", profile)
     recs = run_program(cluster, folder, directory, abi_program)
     assert all(r[5] == f"{impi_abi_on_nodes}/libmpi_abi.so.1" and r[6].startswith("Intel(R) MPI Library 2021.19")

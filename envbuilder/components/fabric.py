@@ -75,6 +75,15 @@ def _fetch_and_unpack(stack: Stack, name: str, want: dict, work: str) -> tuple[l
              f"tar {unpack} {work}/{fname} -C {work}"], tar["url"], tar.get("sources") or want.get("sources") or [])
 
 
+def _configure_make_install(work: str, folder: str, options: str, built: str) -> list[str]:
+    """An autotools build in FOLDER (logs in WORK), checked by the file it must install, WORK removed."""
+    return [f"env -C {folder} ./configure {options} > {work}/configure.log",
+            f"make -C {folder} -j\"$(nproc)\" > {work}/make.log",
+            f"make -C {folder} install > {work}/install.log",
+            f"test -e {built}",
+            f"rm -rf {work}"]
+
+
 def libfabric_steps(stack: Stack) -> list[Step]:
     """libfabric from its release tarball into its prefix, with the fabric's providers required
     (configure's --enable-<p>=yes stops the build when one cannot be built)."""
@@ -85,12 +94,8 @@ def libfabric_steps(stack: Stack) -> list[Step]:
     cmds, url, sources = _fetch_and_unpack(stack, "libfabric", want, work)
     folder = f"{work}/libfabric-{want['version']}"
     enable = " ".join(f"--enable-{p}=yes" for p in want["providers"])
-    cmds += [f"env -C {folder} ./configure --prefix={want['prefix']} {enable} --disable-static "
-             f"> {work}/configure.log",
-             f"make -C {folder} -j\"$(nproc)\" > {work}/make.log",
-             f"make -C {folder} install > {work}/install.log",
-             f"test -e {want['prefix']}/lib/libfabric.so.1",
-             f"rm -rf {work}"]
+    cmds += _configure_make_install(work, folder, f"--prefix={want['prefix']} {enable} --disable-static",
+                                    f"{want['prefix']}/lib/libfabric.so.1")
     return [Step("fabric", f"libfabric {want['version']} from the release tarball (sha256 checked) into "
                            f"{want['prefix']}, providers {', '.join(want['providers'])}",
                  cmds, network=True,
@@ -110,13 +115,10 @@ def plugin_steps(stack: Stack) -> list[Step]:
     cmds, url, sources = _fetch_and_unpack(stack, "nccl-plugin", want, work)
     folder = f"{work}/{want['name']}-{want['version']}"
     options = " ".join(shell_word(o, "nccl_plugins.configure") for o in want["configure"])
-    cmds += [f"env -C {folder} ./autogen.sh > {work}/autogen.log 2>&1",
-             f"env -C {folder} ./configure --prefix={want['prefix']} --with-libfabric={libfabric_prefix(stack)} "
-             f"--with-cuda={CUDA_HOME} {options} > {work}/configure.log",
-             f"make -C {folder} -j\"$(nproc)\" > {work}/make.log",
-             f"make -C {folder} install > {work}/install.log",
-             f"test -e {want['prefix']}/lib/libnccl-net-ofi.so",
-             f"rm -rf {work}"]
+    cmds += [f"env -C {folder} ./autogen.sh > {work}/autogen.log 2>&1"]
+    cmds += _configure_make_install(work, folder, f"--prefix={want['prefix']} --with-libfabric={libfabric_prefix(stack)} "
+                                                  f"--with-cuda={CUDA_HOME} {options}",
+                                    f"{want['prefix']}/lib/libnccl-net-ofi.so")
     return [Step("fabric", f"{want['name']} {want['version']} (NCCL's libfabric network plugin) from its "
                            f"tarball (sha256 checked) into {want['prefix']}",
                  cmds, network=True,

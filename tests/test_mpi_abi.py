@@ -24,7 +24,7 @@ import pytest
 from conftest import run_envbuilder
 from envbuilder.generate import generate
 from envbuilder.spec import load_spec
-from infra import MINICLUSTER_ROOT, require_binary
+from infra import MINICLUSTER_ROOT, long_build, require_binary
 from test_mpi_pypi import MPICH, impi_folder, site_file, spec_file
 
 ABI = MPICH.replace("source: pypi}", "source: pypi, abi: standard}")
@@ -180,6 +180,7 @@ def library_per_node(cluster, folder: Path, directory: str) -> dict:
     return lib
 
 
+@long_build   # an image of its own + its charliecloud conversion: ~5 min of CI on 2 cores (2026-11-25)
 def test_the_standard_abi_image_runs_its_own_libmpi_abi_on_two_nodes(cluster, shared, abi_image, abi_program):
     from test_mpi_multinode import job, site
     spec, directory = abi_image
@@ -191,6 +192,7 @@ def test_the_standard_abi_image_runs_its_own_libmpi_abi_on_two_nodes(cluster, sh
                for v in lib["data"]["library"].values()), lib
 
 
+@long_build
 def test_intel_mpi_standard_abi_library_injected_on_both_nodes(cluster, shared, abi_image, abi_program,
                                                                impi_abi_on_nodes):
     from test_mpi_multinode import job, site

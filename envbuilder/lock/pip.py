@@ -89,6 +89,10 @@ def pip_command(reqs: list[str], tgt: dict, report: Path, *, index_url: str, ext
            "--target", str(report.parent / "target"), "--report", str(report),
            "--only-binary", ":all:", "--python-version", tgt["python"], "--implementation", tgt["implementation"],
            "--abi", tgt["abi"], "--abi", "abi3", "--abi", "none", "--index-url", index_url]
+    if not os.environ.get("PIP_DEFAULT_TIMEOUT"):
+        # pip's 15 s socket timeout made a slow index or proxy look like a missing version
+        # ("from versions: none"): the lock waits longer unless the user chose a timeout
+        cmd += ["--timeout", "60"]
     for p in tgt["platforms"]:
         cmd += ["--platform", p]
     for url in extra_index_urls:

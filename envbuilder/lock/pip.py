@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -79,7 +80,10 @@ def _cert(ca_bundle: str | None) -> str | None:
               os.environ.get("REQUESTS_CA_BUNDLE"), os.environ.get("SSL_CERT_FILE")):
         if c and Path(c).is_file():
             return c
-    return None
+    # none named: the machine's own trust store (pip's vendored certifi ignores it, and the lock
+    # reads no pip configuration), so a site CA the OS trusts is trusted here too
+    system = ssl.get_default_verify_paths().cafile
+    return system if system and Path(system).is_file() else None
 
 
 def pip_command(reqs: list[str], tgt: dict, report: Path, *, index_url: str, extra_index_urls: list[str],

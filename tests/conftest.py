@@ -43,6 +43,25 @@ def write_spec(tmp_path):
         return path
     return _write
 
+@pytest.fixture(autouse=True)
+def environment_untouched():
+    """A test leaves this process's environment as it found it: a variable leaked here reaches every
+    later test's sbatch, srun and MPI (a UCX_LOG_FILE into a removed folder once aborted every rank).
+    A leak is undone and fails the test that made it."""
+    before = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}   # pytest's own
+    yield
+    after = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    if after != before:
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        for k in changed:
+            if k in before:
+                os.environ[k] = before[k]
+            else:
+                del os.environ[k]
+        pytest.fail("the test changed the test process's environment: " + ", ".join(changed)
+                    + " (use monkeypatch, or pass the code an environment of its own)")
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """The 2-node test cluster of tools/minicluster (started by .ci/setup): its client environment."""

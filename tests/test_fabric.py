@@ -5,6 +5,7 @@ tests/test_multinode.py (fabric: ib ends in the named failure, fabric: tcp passe
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -346,22 +347,17 @@ def test_ucx_protocol_tables_give_the_transport_per_scope():
     assert fab.mpi_layer({"libmpi.so.12", "libucp.so.0"}, NO_DEVICE, None, ib)["rdma"]
 
 
-def test_transport_logging_goes_to_the_run_folder_and_keeps_the_users_own(tmp_path, monkeypatch):
-    for name in ("OPAL_OUTPUT_STDERR_FD", "UCX_LOG_FILE", "UCX_PROTO_INFO", fab.OMPI_LOG_ENV, *fab.OMPI_VERBOSE):
-        monkeypatch.delenv(name, raising=False)
-    fab.transport_logging_setup(str(tmp_path))
-    import os
-    assert os.environ["UCX_PROTO_INFO"] == "y" and os.environ["UCX_LOG_FILE"] == str(tmp_path / fab.UCX_LOG_NAME)
-    fd = int(os.environ["OPAL_OUTPUT_STDERR_FD"])
+def test_transport_logging_goes_to_the_run_folder_and_keeps_the_users_own(tmp_path):
+    env: dict[str, str] = {}
+    fab.transport_logging_setup(str(tmp_path), env)
+    assert env["UCX_PROTO_INFO"] == "y" and env["UCX_LOG_FILE"] == str(tmp_path / fab.UCX_LOG_NAME)
+    assert all(env[name] == "10" for name in fab.OMPI_VERBOSE)
+    fd = int(env["OPAL_OUTPUT_STDERR_FD"])
     os.write(fd, b"[h:1] select: component ucx selected\n")
     os.close(fd)
-    ompi, _ucx = fab.read_transport_logs()
-    assert ompi["pml"] == "ucx"
+    ompi, ucx = fab.read_transport_logs(env)
+    assert ompi["pml"] == "ucx" and ucx is None          # UCX wrote no table: it never started
     # a user who sent UCX's log elsewhere, or asked Open MPI for its own verbosity, keeps it
-    monkeypatch.setenv("UCX_LOG_FILE", "/elsewhere.log")
-    monkeypatch.setenv("OMPI_MCA_pml_base_verbose", "5")
-    monkeypatch.delenv("OPAL_OUTPUT_STDERR_FD")
-    monkeypatch.delenv("UCX_PROTO_INFO")
-    fab.transport_logging_setup(str(tmp_path / "b"))
-    assert os.environ["UCX_LOG_FILE"] == "/elsewhere.log" and "UCX_PROTO_INFO" not in os.environ
-    assert "OPAL_OUTPUT_STDERR_FD" not in os.environ and os.environ["OMPI_MCA_pml_base_verbose"] == "5"
+    mine = {"UCX_LOG_FILE": "/elsewhere.log", "OMPI_MCA_pml_base_verbose": "5"}
+    fab.transport_logging_setup(str(tmp_path / "b"), mine)
+    assert mine == {"UCX_LOG_FILE": "/elsewhere.log", "OMPI_MCA_pml_base_verbose": "5"}

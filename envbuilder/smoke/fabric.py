@@ -96,27 +96,28 @@ def verbs_provider_present():
 
 # ----------------------------------------------------------------------------- the layers' own logs
 
-def transport_logging_setup(workdir):
+def transport_logging_setup(workdir, environ=None):
     """Before MPI starts in a fabric run: Open MPI and UCX write which transport they chose into
     WORKDIR, unless the user already sent their logs somewhere. Open MPI's component selection
     goes to a file of its own through OPAL_OUTPUT_STDERR_FD (the descriptor opal_output writes
     its stderr stream to), so the rank's stderr is not flooded; UCX's protocol tables
-    (UCX_PROTO_INFO) go to UCX_LOG_FILE."""
+    (UCX_PROTO_INFO) go to UCX_LOG_FILE. ENVIRON (default: this process's) is what is set."""
+    env = os.environ if environ is None else environ
     os.makedirs(workdir, exist_ok=True)
-    if "OPAL_OUTPUT_STDERR_FD" not in os.environ and not any(v in os.environ for v in OMPI_VERBOSE):
+    if "OPAL_OUTPUT_STDERR_FD" not in env and not any(v in env for v in OMPI_VERBOSE):
         path = os.path.join(workdir, "ompi-%s-%d.log" % (socket.gethostname(), os.getpid()))
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         except OSError:
             fd = None
         if fd is not None:
-            os.environ["OPAL_OUTPUT_STDERR_FD"] = str(fd)
-            os.environ[OMPI_LOG_ENV] = path
+            env["OPAL_OUTPUT_STDERR_FD"] = str(fd)
+            env[OMPI_LOG_ENV] = path
             for name in OMPI_VERBOSE:
-                os.environ[name] = "10"
-    if "UCX_LOG_FILE" not in os.environ and "UCX_PROTO_INFO" not in os.environ:
-        os.environ["UCX_PROTO_INFO"] = "y"
-        os.environ["UCX_LOG_FILE"] = os.path.join(workdir, UCX_LOG_NAME)
+                env[name] = "10"
+    if "UCX_LOG_FILE" not in env and "UCX_PROTO_INFO" not in env:
+        env["UCX_PROTO_INFO"] = "y"
+        env["UCX_LOG_FILE"] = os.path.join(workdir, UCX_LOG_NAME)
 
 
 def parse_ompi_log(text):
@@ -180,12 +181,13 @@ def _read(path):
         return ""
 
 
-def read_transport_logs():
+def read_transport_logs(environ=None):
     """(Open MPI's selection, UCX's tables) from this process's own logs (transport_logging_setup)."""
-    ompi = parse_ompi_log(_read(os.environ.get(OMPI_LOG_ENV, ""))) if os.environ.get(OMPI_LOG_ENV) else None
+    env = os.environ if environ is None else environ
+    ompi = parse_ompi_log(_read(env.get(OMPI_LOG_ENV, ""))) if env.get(OMPI_LOG_ENV) else None
     ucx = None
-    path = os.environ.get("UCX_LOG_FILE", "")
-    if path and os.environ.get("UCX_PROTO_INFO", "").lower() in ("y", "yes", "1", "on"):
+    path = env.get("UCX_LOG_FILE", "")
+    if path and env.get("UCX_PROTO_INFO", "").lower() in ("y", "yes", "1", "on"):
         text = _read(path.replace("%h", socket.gethostname()).replace("%p", str(os.getpid())))
         ucx = parse_ucx_log(text)
         # UCX's own warnings and errors went to the file too: show them where the user looks

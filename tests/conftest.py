@@ -43,6 +43,12 @@ def write_spec(tmp_path):
         return path
     return _write
 
+def pytest_configure(config):
+    """srun, sbatch and ch-run want USER, which a bare environment (env -i, some CI runners) lacks:
+    set once here, before any test, as a login shell would."""
+    os.environ.setdefault("USER", "root" if os.geteuid() == 0 else str(os.geteuid()))
+
+
 @pytest.fixture(autouse=True)
 def environment_untouched():
     """A test leaves this process's environment as it found it: a variable leaked here reaches every

@@ -7,7 +7,6 @@ fails the world-size check naming it."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -142,7 +141,6 @@ def slurm():
     require_slurm()
     require_binary("srun", "run .ci/install-system.sh and .ci/start-slurm.sh")
     require_binary("ch-convert", "apt-get install charliecloud")
-    os.environ.setdefault("USER", "root" if os.geteuid() == 0 else str(os.geteuid()))
 
 
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])

@@ -179,7 +179,6 @@ def mpich_image(tmp_path_factory):
 
     require_slurm()
     require_binary("ch-convert", "apt-get install charliecloud")
-    os.environ.setdefault("USER", "root" if os.geteuid() == 0 else str(os.geteuid()))
     tmp = tmp_path_factory.mktemp("mpich")
     spec, tag = built_image(tmp, "mpi-mpich-pypi", MPICH)
     from infra import charliecloud_for_run

@@ -123,7 +123,6 @@ def test_root_fs_holds_singularity_d_with_the_image_environment(torch_sif, tmp_p
         assert os.readlink(root / "singularity") == ".singularity.d/runscript"
         assert json.loads((sd / "labels.json").read_text())["org.opencontainers.image.architecture"] == "amd64"
         # the environment as `apptainer exec` builds it, from those scripts
-        os.environ.setdefault("USER", "root")
         proc = subprocess.run(["ch-run", str(root), "--", "/.singularity.d/actions/exec", "sh", "-c",
                                'echo "$PATH"; command -v python'], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
@@ -159,7 +158,6 @@ def test_sbatch_job_runs_the_sif_with_charliecloud(torch_sif, tmp_path):
                        "--runtime", "charliecloud")
     assert r.code == 0, r.err
     report = tmp_path / "slurm-report.json"
-    os.environ.setdefault("USER", "root")
     t0 = time.time()
     r = run_envbuilder("verify", str(folder), "--slurm", "--ranks", "2", "--image", str(sif),
                        "--report", str(report), timeout=900)

@@ -28,7 +28,6 @@ HOST_PYTHON = smoke_python() or SMOKE_VENV_PYTHON
 def slurm():
     require_slurm()
     require_binary("srun", "run .ci/install-system.sh and .ci/start-slurm.sh")
-    os.environ.setdefault("USER", "root" if os.geteuid() == 0 else str(os.geteuid()))
 
 
 def sbatch_wait(script: Path, *args: str, env: dict | None = None, timeout: int = 300):

@@ -15,7 +15,6 @@ import json
 import shutil
 import subprocess
 import time
-import uuid
 import zipfile
 from pathlib import Path
 
@@ -24,11 +23,10 @@ import pytest
 from conftest import run_envbuilder
 from envbuilder.generate import generate
 from envbuilder.spec import load_spec
-from infra import MINICLUSTER_ROOT, long_build, require_binary
-from test_mpi_pypi import MPICH, impi_folder, site_file, spec_file
+from infra import long_build, require_binary
+from test_mpi_pypi import MPICH, impi_on_cluster_nodes, site_file, spec_file
 
 ABI = MPICH.replace("source: pypi}", "source: pypi, abi: standard}")
-ROOT = Path(MINICLUSTER_ROOT)
 NODES = ("mc-n1", "mc-n2")
 PLACED = {0: "mc-n1", 1: "mc-n1", 2: "mc-n2", 3: "mc-n2"}
 
@@ -141,18 +139,8 @@ def abi_image(cluster, shared):
 @pytest.fixture(scope="module")
 def impi_abi_on_nodes(cluster, tmp_path_factory):
     """Intel MPI's standard-ABI library (impi-rt libmpi_abi.so.1) in /local/<name>/lib of both nodes."""
-    lib = impi_folder(tmp_path_factory.mktemp("impi-abi"), "libmpi_abi.so.1")
-    name = f"impi-abi-{uuid.uuid4().hex[:6]}"
-    made = []
-    for node in NODES:
-        dest = ROOT / "local" / node / name / "lib"
-        shutil.copytree(lib, dest)
-        made.append(dest.parent)
-    try:
-        yield f"/local/{name}/lib"
-    finally:
-        for d in made:
-            shutil.rmtree(d, ignore_errors=True)
+    with impi_on_cluster_nodes(tmp_path_factory.mktemp("impi-abi"), "libmpi_abi.so.1", "impi-abi") as path:
+        yield path
 
 
 def run_program(cluster, folder: Path, directory: str, program: Path) -> list[list[str]]:

@@ -129,8 +129,7 @@ def abi_horovod(cluster, shared):
 
 def test_horovod_on_the_standard_abi_runs_the_image_libmpi_abi_then_intel_mpi(cluster, shared, abi_horovod,
                                                                               tmp_path_factory):
-    from test_mpi_abi import NODES as ABI_NODES
-    from test_mpi_pypi import impi_folder
+    from test_mpi_pypi import impi_on_cluster_nodes
     spec, tag, directory = abi_horovod
     links = horovod_links(tag)
     assert "libmpi_abi.so.1 => /opt/venv/lib/libmpi_abi.so.1" in links and "libmpi.so.12" not in links, links
@@ -141,24 +140,12 @@ def test_horovod_on_the_standard_abi_runs_the_image_libmpi_abi_then_intel_mpi(cl
                for v in lib["data"]["library"].values()), lib
     print(f"Horovod on the standard ABI (image's libmpi_abi), 2 nodes x 2 ranks: verify --slurm {wall:.1f} s")
     # Intel MPI's libmpi_abi.so.1 as the site's standard-ABI MPI on both nodes
-    import shutil
-    import uuid
-
-    from infra import MINICLUSTER_ROOT
-    lib_dir = impi_folder(tmp_path_factory.mktemp("impi-abi-hvd"), "libmpi_abi.so.1")
-    name = f"impi-abi-hvd-{uuid.uuid4().hex[:6]}"
-    made = [Path(MINICLUSTER_ROOT) / "local" / n / name for n in ABI_NODES]
-    try:
-        for d in made:
-            shutil.copytree(lib_dir, d / "lib")
-        profile = site(shared, "mc-hvd-abi-impi", "pmi2", f"site_mpi: [/local/{name}/lib]\nsite_mpi_abi: standard\n"
+    with impi_on_cluster_nodes(tmp_path_factory.mktemp("impi-abi-hvd"), "libmpi_abi.so.1", "impi-abi-hvd") as path:
+        profile = site(shared, "mc-hvd-abi-impi", "pmi2", f"site_mpi: [{path}]\nsite_mpi_abi: standard\n"
                                                           "site_mpi_env: {FI_PROVIDER: tcp}\n")
         folder = job(spec, shared / "job-hvd-abi-impi", profile)
         r, report, wall = verify(cluster, folder, "--image", directory)
         lib = assert_horovod_passed(r, report)
-        assert all(v["flavor"] == "intel-mpi" and v["path"] == f"/local/{name}/lib/libmpi_abi.so.1"
+        assert all(v["flavor"] == "intel-mpi" and v["path"] == f"{path}/libmpi_abi.so.1"
                    for v in lib["data"]["library"].values()), lib
         print(f"Horovod on the standard ABI with Intel MPI's libmpi_abi injected: verify --slurm {wall:.1f} s")
-    finally:
-        for d in made:
-            shutil.rmtree(d, ignore_errors=True)

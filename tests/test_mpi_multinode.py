@@ -21,7 +21,7 @@ import pytest
 
 from conftest import run_envbuilder
 from infra import MINICLUSTER_ROOT, charliecloud_for_run, require_binary
-from test_mpi_pypi import MPICH, OMPI, built_image, impi_folder
+from test_mpi_pypi import MPICH, OMPI, built_image, impi_on_cluster_nodes
 from test_multinode import checks, sbatch_wait
 
 ROOT = Path(MINICLUSTER_ROOT)
@@ -155,18 +155,8 @@ def test_open_mpi_wheel_allreduce_on_two_nodes_under_srun_pmix(cluster, shared, 
 def impi_on_nodes(cluster, tmp_path_factory):
     """Intel MPI (impi-rt) as the site's MPI in /local/<name>/lib of every node (node-local, as a
     site's /opt/intel is): (its path on the nodes, a name for a folder on one node only)."""
-    lib = impi_folder(tmp_path_factory.mktemp("impi"))
-    name = f"impi-{uuid.uuid4().hex[:6]}"
-    made = []
-    for node in NODES:
-        dest = ROOT / "local" / node / name / "lib"
-        shutil.copytree(lib, dest)
-        made.append(dest.parent)
-    try:
-        yield f"/local/{name}/lib"
-    finally:
-        for d in made:
-            shutil.rmtree(d, ignore_errors=True)
+    with impi_on_cluster_nodes(tmp_path_factory.mktemp("impi")) as path:
+        yield path
 
 
 def test_intel_mpi_injected_on_both_nodes_runs_in_every_rank(cluster, shared, mpich_image, impi_on_nodes):

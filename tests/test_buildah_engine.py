@@ -3,8 +3,8 @@
 One lock of a CPU torch stack (torch 2.13.0+cpu from the wheelhouse, no Horovod: its compile
 would cost ~9 min here) is built twice without cache by `--check-reproducible`: the two image
 digests must be equal. That image is handed to Docker and verified with 2 ranks; the CA bundle
-and the wheels must not be in any layer. A non-root user made by the test builds it rootless with
-podman. Bad input (no engine, full storage, a base image nowhere) gives one message and exit 1.
+and the wheels must not be in any layer. (A non-root user builds the same stack rootless with
+podman in tests/test_login_node.py.) Bad input (no engine, full storage, a base image nowhere) gives one message and exit 1.
 
 Every test uses its own container storage (CONTAINERS_STORAGE_CONF) and removes it at the end.
 """
@@ -15,7 +15,6 @@ import json
 import os
 import pwd
 import re
-import shlex
 import shutil
 import subprocess
 import tarfile
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import base_image, docker_cli, require_binary, require_docker, runtime_requirements, wheelhouse
+from infra import base_image, docker_cli, require_binary, require_docker, wheelhouse
 
 CA_MARKER = "envbuilder-buildah-ca-marker-5d21e0"
 TAG = "localhost/envbuilder-buildah-test/cpu-torch:repro"
@@ -233,74 +232,6 @@ def _rootless_user(home: Path) -> pwd.struct_passwd:
             with open(f, "a") as fh:
                 fh.write(f"{ROOTLESS_USER}:400000:65536\n")
     return user
-
-
-def test_rootless_podman_build_as_a_non_root_user(locked, tmp_path):
-    """What a login node has: no daemon, no root; the base image comes as an archive."""
-    require_binary("podman", "run .ci/install-system.sh")
-    require_binary("newuidmap", "run .ci/install-system.sh (uidmap)")
-    spec, locked_out = locked
-    home = Path("/home") / ROOTLESS_USER
-    user = _rootless_user(home)
-    work = home / "work"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    shutil.copytree(locked_out, work / "out")
-    shutil.copy(spec, work / spec.name)
-    wheels = work / "wheels"
-    wheels.mkdir()
-    for w in Path(wheelhouse()).glob("torch-*.whl"):
-        shutil.copy(w, wheels / w.name)
-    base = work / "base.docker.tar"
-    shutil.copy("/etc/ssl/certs/ca-certificates.crt", work / "ca.pem")     # pip trusts this network's CA
-    root_env = storage(tmp_path)
-    full = dict(os.environ, **root_env)
-    try:
-        pulled = subprocess.run(["buildah", "pull", "-q", f"docker-daemon:{base_image()}"], env=full, check=True,
-                                capture_output=True, text=True).stdout.split()[-1]
-        # a docker archive keeps the base's config as Docker has it, so its ID stays the locked one
-        subprocess.run(["buildah", "push", "-q", pulled, f"docker-archive:{base}:{base_image()}"], env=full,
-                       check=True, capture_output=True)
-    finally:
-        clean_storage(root_env)
-    subprocess.run(["chown", "-R", f"{user.pw_uid}:{user.pw_gid}", str(work)], check=True)
-    repo = Path(__file__).resolve().parent.parent
-    # the user's own Python environment, as on a login node (the test's venv lives under /root)
-    script = (
-        "set -e; cd ~/work; "
-        "/usr/bin/python3 -m venv venv && venv/bin/pip install -q "
-        + " ".join(shlex.quote(r) for r in runtime_requirements()) + "; "
-        f"podman pull -q docker-archive:{base} >/dev/null; "
-        f"podman tag $(podman images -q | head -1) {base_image()}; "
-        f"PYTHONPATH={repo} venv/bin/python -m envbuilder build {spec.name} --out out --engine podman "
-        f"--tag localhost/rootless/cpu-torch:1 --wheelhouse wheels --ca-bundle ca.pem --export docker-archive"
-    )
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(home), "USER": ROOTLESS_USER,
-           "XDG_RUNTIME_DIR": f"/tmp/{ROOTLESS_USER}-run"}
-    Path(env["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, exist_ok=True)
-    os.chown(env["XDG_RUNTIME_DIR"], user.pw_uid, user.pw_gid)
-    try:
-        proc = subprocess.run(["runuser", "-u", ROOTLESS_USER, "--", "env", "-i",
-                               *[f"{k}={v}" for k, v in env.items()], "bash", "-c", script],
-                              capture_output=True, text=True, timeout=2400)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-        record = json.loads((work / "out" / "image.json").read_text())
-        assert record["engine"] == "podman" and record["digest"].startswith("sha256:")
-        assert "built localhost/rootless/cpu-torch:1 with podman" in proc.stdout
-        archive = work / "out" / "image.docker.tar"
-        with tarfile.open(archive) as tar:
-            assert "manifest.json" in tar.getnames()
-        # the layers' files belong to root inside the image, not to the user who built it
-        listing = subprocess.run(["runuser", "-u", ROOTLESS_USER, "--", "env", "-i",
-                                  *[f"{k}={v}" for k, v in env.items()], "podman", "run", "--rm", "--network", "none",
-                                  "localhost/rootless/cpu-torch:1", "stat", "-c", "%u", "/opt/venv/bin/python3"],
-                                 capture_output=True, text=True)
-        assert listing.stdout.strip() == "0", listing.stderr
-    finally:
-        subprocess.run(["runuser", "-u", ROOTLESS_USER, "--", "env", "-i",
-                        *[f"{k}={v}" for k, v in env.items()], "podman", "system", "reset", "--force"],
-                       capture_output=True)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 # --- bad input ----------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -218,18 +219,27 @@ def test_refusals_as_the_user_before_any_work(login):
 
 
 def test_spec_to_verified_sif_as_a_non_root_user(login):
-    """lock (podman), build, OCI archive, SIF in one command; then verify x.sif, as ebbuildah."""
+    """lock (podman), build, OCI and docker archives, SIF in one command; then verify x.sif, as
+    ebbuildah (rootless podman: what a login node has, no daemon, no root)."""
     work, env, spec = login["work"], login["env"], login["spec"]
     eb = f"{login['python']} -m envbuilder"
     started = time.monotonic()
     p = _as_user(env, f"set -e; cd {work}; podman load -q -i base.docker.tar >/dev/null; "
                       f"{eb} build {spec.name} --out out --engine podman --sif --tag localhost/login/cpu-torch:1 "
-                      "--wheelhouse wheels --ca-bundle ca.pem")
+                      "--wheelhouse wheels --ca-bundle ca.pem --export docker-archive")
     seconds = time.monotonic() - started
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-4000:]
     lock = json.loads((work / "out" / "envbuilder.lock").read_text())
     assert lock["resolvers"]["engine"] == "podman" and lock["base"]["devel"]["kind"] == "image-id"
     assert (work / "out" / "image.oci.tar").is_file()
+    record = json.loads((work / "out" / "image.json").read_text())
+    assert record["engine"] == "podman" and record["digest"].startswith("sha256:")
+    assert "built localhost/login/cpu-torch:1 with podman" in p.stdout, p.stdout[-2000:]
+    with tarfile.open(work / "out" / "image.docker.tar") as tar:      # what `docker load` takes
+        assert "manifest.json" in tar.getnames()
+    # the layers' files belong to root inside the image, not to the user who built it
+    owner = _as_user(env, "podman run --rm --network none localhost/login/cpu-torch:1 stat -c %u /opt/venv/bin/python3")
+    assert owner.stdout.strip() == "0", owner.stderr
     sif = work / "out" / f"{spec.stem}.sif"
     assert sif.is_file(), sorted(x.name for x in (work / "out").iterdir())
     steps = p.stderr[p.stderr.rindex("steps: "):].splitlines()[0]

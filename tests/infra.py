@@ -294,8 +294,10 @@ def remove_run_images() -> None:
         if not existed:
             subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
     _RUN_IMAGES.clear()
+    from envbuilder.runtimes.charliecloud import remove_directory_image
+
     for folder in _RUN_DIRS:
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_directory_image(folder)
     _RUN_DIRS.clear()
 
 

@@ -77,8 +77,10 @@ def charliecloud_dir(image: str, cache: Path | None = None) -> tuple[str, bool]:
     cache.mkdir(parents=True, exist_ok=True)
     ident = docker_image_id(docker, image)[:16] or re.sub(r"[^A-Za-z0-9_.-]", "_", image)
     target = cache / ident
-    if (target / "opt").is_dir():
+    if all((target / d).is_dir() for d in ("dev", "etc", "opt", "usr")):
         return str(target), True
+    if target.exists():          # cut short while it was removed (an interrupted run): convert anew
+        remove_directory_image(target)
     tmp = cache / f".{ident}.{uuid.uuid4().hex[:6]}"
     proc = subprocess.run([ch_convert, "-i", "docker", image, str(tmp)], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=1800)
@@ -88,6 +90,17 @@ def charliecloud_dir(image: str, cache: Path | None = None) -> tuple[str, bool]:
                               + "\n".join(proc.stdout.strip().splitlines()[-5:]), exit_code=EXIT_CHECK_FAILED)
     os.replace(tmp, target)
     return str(target), True
+
+
+def remove_directory_image(path: Path) -> None:
+    """Remove a converted directory image so that no reader ever sees half of it: renamed away
+    first (one atomic step), then deleted."""
+    trash = path.parent / f".removed-{path.name}.{uuid.uuid4().hex[:6]}"
+    try:
+        os.replace(path, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def require_ch_run() -> None:

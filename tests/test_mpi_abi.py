@@ -26,7 +26,7 @@ import pytest
 from conftest import run_envbuilder
 from envbuilder.generate import generate
 from envbuilder.spec import load_spec
-from infra import docker_cli, long_build, require_binary
+from infra import docker_cli, long_build, require_binary, venv_tool
 from test_mpi_pypi import MPICH, impi_on_cluster_nodes, site_file, spec_file
 
 ABI = MPICH.replace("source: pypi}", "source: pypi, abi: standard}")
@@ -118,6 +118,10 @@ def test_mpi4py_is_built_from_its_pinned_sdist_against_mpicc_abi_and_checked_wit
     assert "mpi4py==4.1.2 " not in devel.replace("echo 'mpi4py==4.1.2 --hash", "") and "mpi4py" not in runtime.split(
         "LABEL")[0], docker
     assert devel.index("MPI4PY_BUILD_MPIABI") > devel.index("/opt/venv/bin/mpicc_abi /tmp/mpi-probe.c")
+    (tmp_path / "Dockerfile").write_text(docker)
+    proc = subprocess.run([venv_tool("hadolint"), "--no-color", "--format", "json", str(tmp_path / "Dockerfile")],
+                          capture_output=True, text=True)
+    assert not [f for f in json.loads(proc.stdout or "[]") if f["code"] != "DL3008"], proc.stdout
 
 
 def test_the_lock_pins_the_mpi4py_sdist_and_cython_and_renders_from_them(tmp_path):

@@ -89,6 +89,9 @@ def devel_steps(stack: Stack) -> list[Step]:
         f"tar -xzf {WORK}/mpi4py-{version}.tar.gz -C {WORK}",
         # over any mpi4py wheel an earlier group brought (a package that depends on mpi4py)
         f"{pip(stack)} --no-build-isolation --no-deps --force-reinstall {folder}",
+        # Python's CFLAGS carry -g: the extension's DWARF is 10 MB of its 12.5 (source
+        # mpi4py_abi_here); symbols stay, as for Horovod's
+        f"find \"{platlib}/mpi4py\" -name '*.so' -exec strip --strip-debug {{}} +",
         # the MPI extension links the standard ABI's library, not the MPICH ABI's
         f"for f in \"{platlib}\"/mpi4py/MPI*.so; do "
         f"ldd \"$f\" | grep -q '{wanted} => ' || {{ echo \"$f does not link {wanted}\" >&2; ldd \"$f\" >&2; exit 1; }}; "

@@ -5,7 +5,7 @@ and records it as the lock's ``inputs``, so a changed spec shows as a changed ne
 
 from __future__ import annotations
 
-from .components import conda, cuda, fabric, framework, horovod, mpi, packages, python, system
+from .components import conda, cuda, fabric, framework, horovod, mpi, mpi4py, packages, python, system
 
 def glibc(stack) -> str:
     return str((stack.catalog.os(stack.os_name) or {}).get("glibc") or stack.catalog.default_glibc())
@@ -26,7 +26,7 @@ def bootstrap_prefer(stack) -> dict[str, str]:
 def pip_groups(stack) -> dict[str, list[str]]:
     """Each component's pip groups, in layer order (what changes least first)."""
     groups = {}
-    for part in (python, framework, mpi, cuda, horovod, packages):
+    for part in (python, framework, mpi, cuda, horovod, packages, mpi4py):
         groups.update(part.pip_groups(stack))
     return groups
 
@@ -34,7 +34,8 @@ def pip_groups(stack) -> dict[str, list[str]]:
 def source_tarballs(stack) -> list[dict]:
     """What each component downloads as source (name, version, url, file, sha256, index)."""
     # the order the lock records
-    return horovod.source_tarballs(stack) + mpi.source_tarballs(stack) + fabric.source_tarballs(stack)
+    return (horovod.source_tarballs(stack) + mpi.source_tarballs(stack) + fabric.source_tarballs(stack)
+            + mpi4py.source_tarballs(stack))
 
 
 def needs(stack) -> dict:

@@ -126,6 +126,28 @@ class Stack:
         return (self.catalog.horovod(hv.version) or {}).get("sdist")
 
     @property
+    def mpi4py_requirement(self) -> str | None:
+        """The spec's packages.pip entry for mpi4py (name==version), None without one."""
+        pin = self.spec.packages.pip_pin("mpi4py")
+        return pin[0] if pin else None
+
+    @property
+    def mpi4py_version(self) -> str | None:
+        pin = self.spec.packages.pip_pin("mpi4py")
+        return pin[1] if pin else None
+
+    @property
+    def mpi4py_sdist(self) -> dict | None:
+        """mpi4py built from its sdist against the MPI-5 standard ABI (mpi: {abi: standard} with
+        mpi4py in packages.pip; its wheel has no such build): {version, url, sha256} from the
+        catalog; None otherwise, or when the catalog pins no sdist of that version (rule MPI_ABI)."""
+        mpi = self.spec.mpi
+        if not (mpi and mpi.abi == "standard" and self.mpi_source == "pypi" and self.mpi4py_version):
+            return None
+        sdist = self.catalog.mpi4py_sdist(self.mpi4py_version)
+        return {"version": self.mpi4py_version, **sdist} if sdist else None
+
+    @property
     def cpu_threads_env(self) -> bool:
         """oneDNN / OpenMP settings from the seeds apply to CPU TensorFlow stacks."""
         return not self.spec.cuda and self.spec.framework.family == "tensorflow"

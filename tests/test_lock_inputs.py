@@ -485,3 +485,17 @@ def test_every_variable_a_job_script_sets_or_reads_is_refused_as_a_sweep_name(tm
             pass
     assert not accepted, f"job.sbatch's own variables accepted as sweep names: {accepted}"
     assert len(seen) > 30, sorted(seen)
+
+
+def test_a_lock_with_every_pip_group_fits_the_schema():
+    """Every install group the lock writes (lock/model.py PIP_GROUPS) reads back: a lock with the MPI
+    wheel's `mpi` group was refused ('is not a pip install group') when built on again."""
+    from envbuilder.lock.model import PIP_GROUPS, dump, loads
+
+    lock = fuzz_lock.sample_lock()
+    entry = {"name": "a-pkg", "version": "1.0", "file": "a_pkg-1.0-py3-none-any.whl", "sha256": "ab" * 32,
+             "from": "index", "url": "https://files.pythonhosted.org/packages/xx/a_pkg-1.0-py3-none-any.whl"}
+    for n, group in enumerate(PIP_GROUPS):
+        lock.pip.setdefault(group, []).append(dict(entry, name=f"a-pkg{n}", file=f"a_pkg{n}-1.0-py3-none-any.whl",
+                                                   url=entry["url"].replace("a_pkg", f"a_pkg{n}")))
+    assert set(loads(dump(lock)).pip) == set(PIP_GROUPS)

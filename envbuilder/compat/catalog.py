@@ -61,6 +61,17 @@ class Catalog:
         """The flavor's PyPI wheel (mpi: {source: pypi}): package, versions, PMI, ABI, env."""
         return self.mpi(flavor).get("pypi")
 
+    def mpi4py_standard_abi(self) -> dict:
+        """How mpi4py's sdist builds against the MPI-5 standard ABI (since, build_env, mpicc_env)."""
+        return self.data["mpi4py"]["standard_abi"]
+
+    def mpi4py_sdist(self, version: str) -> dict | None:
+        """mpi4py's sdist for VERSION (url, sha256), None where the catalog pins none."""
+        return self.data["mpi4py"]["sdists"].get(version)
+
+    def mpi4py_sdist_versions(self) -> list[str]:
+        return list(self.data["mpi4py"]["sdists"])
+
     def arch(self, name: str) -> dict:
         """Per-architecture names: wheel platform tag, Docker platform, multiarch, CUDA targets."""
         return self.data["arches"][name]

@@ -6,7 +6,6 @@ warnings are printed and recorded in the manifest.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from ..errors import SpecErrors
@@ -366,8 +365,9 @@ STANDARD_ABI_FIX = 'use mpi: {flavor: mpich, version: "5.0.2", pmi: pmi2, source
 
 def _mpi_abi(spec: Spec, cat: Catalog):
     """mpi: {abi: standard}: an MPI that ships the MPI-5 ABI (libmpi_abi.so.1 and the *_abi
-    wrappers: the MPICH wheel, catalog mpi.mpich.pypi.standard_abi), and no mpi4py (its wheel has no
-    build for that ABI)."""
+    wrappers: the MPICH wheel, catalog mpi.mpich.pypi.standard_abi). An mpi4py in packages.pip is
+    built from its sdist against that ABI (its wheel has no build for it): a release that can
+    (catalog mpi4py.standard_abi.since) whose sdist the catalog pins (mpi4py.sdists)."""
     mpi = spec.mpi
     if mpi.abi != "standard":
         return
@@ -380,13 +380,24 @@ def _mpi_abi(spec: Spec, cat: Catalog):
                       "only the MPICH 5 wheel ships it",
                       f"{STANDARD_ABI_FIX}, or leave abi out (native)", ["mpich_wheel_abi"])
         return
-    if any(re.match(r"mpi4py\b", p, re.I) for p in spec.packages.pip):
+    pin = spec.packages.pip_pin("mpi4py")
+    if pin is None:
+        return
+    version = pin[1]
+    how, known = cat.mpi4py_standard_abi(), cat.mpi4py_sdist_versions()
+    newest = f"mpi4py=={known[-1]}"
+    if cmp(version, how["since"]) < 0:
         yield Finding("MPI_ABI", ERROR, "packages.pip",
-                      "mpi4py's wheel carries builds for the MPICH and Open MPI ABIs only (MPI.mpich, "
-                      "MPI.openmpi), none for the standard ABI: in an image built for libmpi_abi.so.1 it "
-                      "would load libmpi.so.12, which a site's standard-ABI library does not replace",
-                      "leave mpi4py out of packages.pip, or leave abi out (mpi4py runs on the MPICH ABI)",
-                      ["mpi4py_wheel_abi"])
+                      f"mpi4py {version} cannot be built for the MPI-5 standard ABI (libmpi_abi.so.1): building "
+                      f"against it came in mpi4py {how['since']} (opt-in {', '.join(how['build_env'])}), and "
+                      "mpi4py's wheel carries builds for the MPICH and Open MPI ABIs only",
+                      f"use {newest} (envbuilder builds it from its sdist against mpicc_abi), or leave abi out "
+                      "(mpi4py's wheel runs on the MPICH ABI)", ["mpi4py_mpiabi_build", "mpi4py_wheel_abi"])
+    elif cat.mpi4py_sdist(version) is None:
+        yield Finding("MPI_ABI", ERROR, "packages.pip",
+                      f"with abi: standard mpi4py is built from its sdist, and the catalog pins no sdist "
+                      f"(url + sha256) of mpi4py {version}: envbuilder builds no unhashed download",
+                      f"use one of mpi4py=={', =='.join(known)}", ["mpi4py_pypi_sdist"])
 
 
 def _mpi_pypi(mpi, wheel: dict | None, cluster_pmi: str | None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..plan import Plan, Stage
 from ..resolve import Stack
-from . import conda, cuda, fabric, framework, horovod, mpi, packages, python, smoke, system
+from . import conda, cuda, fabric, framework, horovod, mpi, mpi4py, packages, python, smoke, system
 
 
 def assemble(stack: Stack) -> Plan:
@@ -23,6 +23,7 @@ def assemble(stack: Stack) -> Plan:
     devel.items += fabric.plugin_steps(stack)           # needs the CUDA toolkit slim_steps removes
     devel.items += cuda.slim_steps(stack)
     devel.items += packages.pip_steps(stack)
+    devel.items += mpi4py.devel_steps(stack)          # over any mpi4py wheel a package brought
     devel.items += conda.devel_steps(stack)
 
     if stack.ngc is not None:

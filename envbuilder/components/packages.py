@@ -11,8 +11,15 @@ def apt(stack: Stack) -> list[str]:
     return list(stack.spec.packages.apt)
 
 
+def requirements(stack: Stack) -> list[str]:
+    """The spec's pip requirements this step installs: all but an mpi4py the image builds from its
+    sdist against the MPI-5 standard ABI (components/mpi4py.py)."""
+    built = stack.mpi4py_requirement if stack.mpi4py_sdist else None
+    return [r for r in stack.spec.packages.pip if r != built]
+
+
 def pip_steps(stack: Stack) -> list[Step]:
-    reqs = stack.spec.packages.pip
+    reqs = requirements(stack)
     if not reqs:
         return []
     from ..lock.render import pip_group
@@ -28,4 +35,5 @@ def pip_steps(stack: Stack) -> list[Step]:
 
 def pip_groups(stack: Stack) -> dict[str, list[str]]:
     """The lock's `packages` group: the spec's own pip requirements, resolved last."""
-    return {"packages": sorted(stack.spec.packages.pip, key=str.lower)} if stack.spec.packages.pip else {}
+    reqs = requirements(stack)
+    return {"packages": sorted(reqs, key=str.lower)} if reqs else {}

@@ -7,7 +7,7 @@ from ..paths import PREFIX, SMOKE_DIR
 from ..plan import Copy, Step
 from ..presets import describe
 from ..resolve import Stack
-from . import horovod
+from . import horovod, mpi4py
 from .python import python_exe
 
 MANIFEST = "manifest.json"
@@ -45,6 +45,7 @@ def labels(stack: Stack) -> dict[str, str]:
         out["org.opencontainers.image.base.digest"] = base["digest"]
         out["dev.envbuilder.lock-resolved-at"] = stack.lock.resolved_at
     out.update(horovod.labels(stack))
+    out.update(mpi4py.labels(stack))
     if spec.cuda:
         out["dev.envbuilder.cuda"] = spec.cuda.version
     if spec.mpi:

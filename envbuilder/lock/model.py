@@ -32,9 +32,12 @@ SCHEMA = "envbuilder.lock/1"
 LOCK_NAME = "envbuilder.lock"
 # install order in the image. cuda: the NVIDIA wheels the framework depends on (they change least,
 # so their layer comes before the framework's own code); toolkit: nvcc and headers for compiling
-# Horovod's CUDA/NCCL code, devel stage only (removed before the runtime stage copies the venv).
-PIP_GROUPS = ("python", "cuda", "framework", "mpi", "toolkit", "horovod", "packages")
-DEVEL_ONLY_GROUPS = ("toolkit",)
+# Horovod's CUDA/NCCL code, devel stage only (removed before the runtime stage copies the venv);
+# build: what compiling an sdist needs besides the venv (Cython for mpi4py's), installed into a
+# folder of its own in the devel stage, never into the venv, so it may repeat a runtime group's entry.
+PIP_GROUPS = ("python", "cuda", "framework", "mpi", "toolkit", "horovod", "packages", "build")
+DEVEL_ONLY_GROUPS = ("toolkit", "build")
+SEPARATE_GROUPS = ("build",)
 # full-match patterns (re.fullmatch): a lock value never carries a newline into a recipe
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -290,13 +293,14 @@ def check_entries(lock: Lock) -> None:
                 raise _err(p, f"pip.{group}", f"entry {e!r} has no valid name")
             where = f"pip.{group}: {e['name']}"
             key = canonical_name(e["name"])
-            if key in seen and (PIP_GROUPS.index(group) <= PIP_GROUPS.index(seen[key][0])
-                                or e.get("overrides") != seen[key][1]):
-                raise _err(p, where, f"is listed twice (also in pip.{seen[key][0]}); a later group may "
-                           f"install it again only with \"overrides\": \"{seen[key][1]}\"")
-            if key not in seen and e.get("overrides") is not None:
-                raise _err(p, where, f"overrides {e['overrides']} but no earlier group lists it")
-            seen[key] = (group, e.get("version"))
+            if group not in SEPARATE_GROUPS:    # one in its own install folder repeats the others freely
+                if key in seen and (PIP_GROUPS.index(group) <= PIP_GROUPS.index(seen[key][0])
+                                    or e.get("overrides") != seen[key][1]):
+                    raise _err(p, where, f"is listed twice (also in pip.{seen[key][0]}); a later group may "
+                               f"install it again only with \"overrides\": \"{seen[key][1]}\"")
+                if key not in seen and e.get("overrides") is not None:
+                    raise _err(p, where, f"overrides {e['overrides']} but no earlier group lists it")
+                seen[key] = (group, e.get("version"))
             if not VERSION_RE.fullmatch(str(e.get("version", ""))):
                 raise _err(p, where, f"version {str(e.get('version'))[:80]!r} is not a version")
             if not FILE_RE.fullmatch(str(e.get("file", ""))):

@@ -40,7 +40,7 @@ def _map(keys: str, values: dict, what: str = "a name") -> dict:
 
 
 STAGE = r"devel|runtime"
-GROUP = r"python|cuda|framework|toolkit|horovod|packages"
+GROUP = r"python|cuda|framework|mpi|toolkit|horovod|packages|build"     # lock/model.py PIP_GROUPS
 IMAGE_REF = _s(IMAGE_REF_RE.pattern, "an image reference (registry/name:tag)")
 DIGEST = _s(r"sha256:" + SHA256, "sha256:<64 hex digits>")
 NAME_S = _s(NAME, "a package name")
@@ -113,7 +113,7 @@ LOCK_SCHEMA = {
         "base": _map(STAGE, BASE_ENTRY, "devel or runtime"),
         "apt": _map(STAGE, _list(APT_ENTRY), "devel or runtime"),
         "sources": _list(SOURCE_ENTRY),
-        "pip": _map(GROUP, _list(PIP_ENTRY), "a pip install group (python, cuda, framework, toolkit, horovod, packages)"),
+        "pip": _map(GROUP, _list(PIP_ENTRY), "a pip install group (python, cuda, framework, mpi, toolkit, horovod, packages, build)"),
         "conda": CONDA,
         "seals": _map(r"[a-z]+(?:\.[a-z]+)?", SHA_S, "a section name"),
     }, required=("schema", "name", "resolved_at", "resolvers", "inputs", "base", "apt", "sources", "pip", "seals")),

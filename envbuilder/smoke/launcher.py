@@ -105,7 +105,8 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
             log(args, "MPI allreduce through mpi4py across the %d tasks" % size)
         mpi_probe.run_in_task(PACKAGE, pwd, rank, args.timeout)
         if rank == 0:
-            checks.extend(mpi_probe.merge(mpi_probe.collect(pwd, size, wait_s=args.timeout), size))
+            checks.extend(mpi_probe.merge(mpi_probe.collect(pwd, size, wait_s=args.timeout), size, expect["mpi"],
+                                          os.environ.get(SITE_MPI_ENV) or None))
     run_records = []
     if not runs:
         checks.append(no_runs_result(expect))

@@ -49,16 +49,21 @@ def _via_ctypes(expect_mpi):
     return None, None
 
 
+def mapped_libmpi():
+    """The path of the libmpi (libmpi.so.*, libmpi_abi.so.*) mapped into this process, or None."""
+    paths = loaded_libraries(r"^libmpi(_abi)?\.so")
+    return os.path.realpath(paths[0]) if paths else None
+
+
 def probe(expect_mpi, rank, host=None):
     """This process's MPI: {rank, host, text, flavor, version, path, via}."""
     text, via = _via_mpi4py()
     if text is None:
         text, via = _via_ctypes(expect_mpi)
-    paths = loaded_libraries(r"^libmpi(_abi)?\.so")
     flavor, version = parse_mpi_text(text or "")
     return {"rank": rank, "host": host or socket.gethostname(), "flavor": flavor, "version": version,
             "text": (text or "").strip().splitlines()[0][:200] if text else "",
-            "path": os.path.realpath(paths[0]) if paths else None, "via": via}
+            "path": mapped_libmpi(), "via": via}
 
 
 def record_file(workdir, rank):
@@ -101,6 +106,17 @@ def _label(rec):
     return "%s %s" % (rec.get("flavor") or "?", rec.get("version") or "?")
 
 
+def wrong_library(path, expect_mpi, site_dir=None):
+    """Why a rank's libmpi PATH is not the one it must run (the site MPI's, when the job names one;
+    else the image's own, manifest expect.mpi.library), or None when it is."""
+    if site_dir and not _under(path, site_dir):
+        return "not the site MPI under %s" % site_dir
+    own = (expect_mpi or {}).get("library")
+    if not site_dir and own and os.path.realpath(path) != os.path.realpath(own):
+        return "not the image's own %s" % own
+    return None
+
+
 def merge(records, size, expect_mpi, site_dir=None):
     """The ``mpi.library`` check from every rank's record."""
     expect_mpi = expect_mpi or {}
@@ -116,13 +132,9 @@ def merge(records, size, expect_mpi, site_dir=None):
         if not rec.get("path"):
             problems.append("%s: no libmpi could be loaded" % where)
             continue
-        if site_dir and not _under(rec["path"], site_dir):
-            problems.append("%s loaded %s (%s), not the site MPI under %s"
-                            % (where, rec["path"], _label(rec), site_dir))
-        elif not site_dir and expect_mpi.get("library") and \
-                os.path.realpath(rec["path"]) != os.path.realpath(expect_mpi["library"]):
-            problems.append("%s loaded %s (%s), not the image's own %s"
-                            % (where, rec["path"], _label(rec), expect_mpi["library"]))
+        wrong = wrong_library(rec["path"], expect_mpi, site_dir)
+        if wrong:
+            problems.append("%s loaded %s (%s), %s" % (where, rec["path"], _label(rec), wrong))
     kinds = {}
     for r, rec in records.items():
         kinds.setdefault((rec.get("path"), rec.get("text")), []).append(r)

@@ -6,9 +6,11 @@ MPI_Init. Here every task of the srun step starts one child process (``python -m
 envbuilder_smoke.mpi_probe``: the task itself never becomes a second PMI client) that calls
 MPI_Init through mpi4py, checks an allreduce's sum, times it at a few sizes and, in a fabric job,
 reads which transport its MPI took (fabric.py: Open MPI's selection log, UCX's tables, the
-libfabric provider). Each child writes ``probe-<rank>.json``; task 0 merges them into
-``mpi.allreduce[mpi4py]``, ``perf.allreduce[mpi4py]`` (bus bandwidth, so that the site's floors
-apply) and ``fabric.transport[mpi4py]``.
+libfabric provider). Each child also records the libmpi mapped into it (/proc/self/maps), which
+must be the one ``mpi.library`` demands (the site MPI's when the job names one, else the image's
+own: on the MPI-5 standard ABI libmpi_abi.so.1). Each child writes ``probe-<rank>.json``; task 0
+merges them into ``mpi.allreduce[mpi4py]``, ``perf.allreduce[mpi4py]`` (bus bandwidth, so that
+the site's floors apply) and ``fabric.transport[mpi4py]``.
 
 Standard library + mpi4py; imports nothing else of envbuilder.
 """
@@ -23,6 +25,7 @@ import time
 
 from .common import FAIL, PASS, bandwidth_result, bandwidth_row, pmi_pass_fds, result, write_json_atomic
 from .fabric import check_name, fabric, observe, transport_logging_setup
+from .mpi_library import mapped_libmpi, wrong_library
 
 TAG = "[mpi4py]"
 SIZES = (256 << 10, 4 << 20, 16 << 20)          # bytes of float32 per allreduce (the largest is the figure)
@@ -79,6 +82,7 @@ def child(workdir, rank):
         if fabric():
             rec["fabric"] = observe("mpi")
         rec["library"] = MPI.Get_library_version().strip().splitlines()[0][:200]
+        rec["path"] = mapped_libmpi()
     except Exception as exc:  # noqa: BLE001 - reported as this rank's failure
         rec["error"] = "%s: %s" % (type(exc).__name__, str(exc)[:400])
     write_json_atomic(record_file(workdir, rank), rec)
@@ -132,8 +136,10 @@ def collect(workdir, size, wait_s):
     return out
 
 
-def merge(records, size):
-    """mpi.allreduce[mpi4py], perf.allreduce[mpi4py] and (fabric job) fabric.transport[mpi4py]."""
+def merge(records, size, expect_mpi=None, site_dir=None):
+    """mpi.allreduce[mpi4py], perf.allreduce[mpi4py] and (fabric job) fabric.transport[mpi4py].
+    EXPECT_MPI (manifest expect.mpi) and SITE_DIR (the job's site MPI folder) say which libmpi
+    every rank must have run on, as for mpi.library."""
     problems = []
     for r in range(size):
         rec = records.get(r)
@@ -145,6 +151,11 @@ def merge(records, size):
             s = rec.get("sum") or {}
             problems.append("rank %d on %s: sum %s/%s, expected %s" % (r, rec.get("host"), s.get("first"),
                                                                        s.get("last"), s.get("want")))
+        elif not rec.get("path"):
+            problems.append("rank %d on %s: no libmpi mapped into it" % (r, rec.get("host")))
+        elif wrong_library(rec["path"], expect_mpi, site_dir):
+            problems.append("rank %d on %s ran on %s, %s" % (r, rec.get("host"), rec["path"],
+                                                            wrong_library(rec["path"], expect_mpi, site_dir)))
     hosts = sorted(set(rec.get("host") for rec in records.values() if rec.get("host")))
     out = []
     name = "mpi.allreduce" + TAG
@@ -152,8 +163,12 @@ def merge(records, size):
         out.append(result(name, FAIL, "MPI_Allreduce through mpi4py across %d task(s): %s" % (size, "; ".join(problems))))
         return out
     lib = records[0].get("library", "")
-    out.append(result(name, PASS, "%d ranks on %s: every rank's sum exact (%s)" % (size, ", ".join(hosts), lib),
-                      "%d ranks, %d node%s" % (size, len(hosts), "" if len(hosts) == 1 else "s")))
+    paths = sorted(set(rec["path"] for rec in records.values()))
+    per_node = {h: sorted(set(rec["path"] for rec in records.values() if rec.get("host") == h)) for h in hosts}
+    out.append(result(name, PASS, "%d ranks on %s: every rank's sum exact (%s; %s)"
+                      % (size, ", ".join(hosts), lib, ", ".join(paths)),
+                      "%d ranks, %d node%s" % (size, len(hosts), "" if len(hosts) == 1 else "s"),
+                      data={"library": per_node}))
     perf = bandwidth_result("perf.allreduce" + TAG, records[0]["sizes"], "mpi4py Allreduce, bus bandwidth")
     out.append(perf)
     if fabric():

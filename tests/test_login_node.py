@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import tarfile
@@ -240,8 +241,15 @@ def test_spec_to_verified_sif_as_a_non_root_user(login):
     # the layers' files belong to root inside the image, not to the user who built it
     owner = _as_user(env, "podman run --rm --network none localhost/login/cpu-torch:1 stat -c %u /opt/venv/bin/python3")
     assert owner.stdout.strip() == "0", owner.stderr
+    # the .sif comes from the OCI archive the engine wrote, as `apptainer build x.sif
+    # oci-archive://image.oci.tar` would make it (no Docker involved)
     sif = work / "out" / f"{spec.stem}.sif"
-    assert sif.is_file(), sorted(x.name for x in (work / "out").iterdir())
+    assert sif.is_file() and not list((work / "out").glob(".*.sif*")), sorted(x.name for x in (work / "out").iterdir())
+    listing = subprocess.run(["siftool", "list", str(sif)], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"FS\s+\(Squashfs/\*System/amd64\)", listing), listing
+    assert "Def.FILE" in listing, listing
+    dump = subprocess.run(["siftool", "dump", "1", str(sif)], capture_output=True, check=True).stdout
+    assert dump.decode() == "bootstrap: oci-archive\nfrom: image.oci.tar\n"
     steps = p.stderr[p.stderr.rindex("steps: "):].splitlines()[0]
     for step in ("lock", "build", "oci-archive", "sif"):
         assert f"{step} " in steps, steps

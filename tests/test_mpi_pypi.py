@@ -167,7 +167,8 @@ def built_image(tmp: Path, name: str, mpi: str, extra: str = "") -> tuple[Path, 
     t0 = time.time()
     r = run_envbuilder("build", str(spec), "--out", str(out), "--ca-bundle", CA_BUNDLE,
                        "--wheelhouse", wheelhouse(), timeout=2400)
-    assert r.code == 0, r.err[-3000:]
+    log = out / "build.log"       # the folder may go with the test's teardown: its tail goes in the message
+    assert r.code == 0, r.err[-3000:] + (f"\n--- {log} (tail):\n" + log.read_text()[-4000:] if log.is_file() else "")
     print(f"{name} image {tag}: build {time.time() - t0:.0f} s")
     return spec, tag
 

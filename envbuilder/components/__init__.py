@@ -47,9 +47,10 @@ def assemble(stack: Stack) -> Plan:
                 value = value.replace(f"${{{key}:-}}" if key == "LD_LIBRARY_PATH" else "$PATH", env[key])
             env[key] = value
     env.update(dict(spec.env))
+    notes = {k: why for k, why in mpi.runtime_env_notes(stack).items() if k in env and k not in dict(spec.env)}
     return Plan(name=spec.name, stages=stages, env=env, labels=smoke.labels(stack),
                 help=smoke.help_text(stack), runscript=["python"], test=smoke.test_command(stack),
-                literal_env=frozenset(k for k, _ in spec.env))
+                literal_env=frozenset(k for k, _ in spec.env), env_notes=notes)
 
 
 def _base(stack: Stack, stage: str, ref: str) -> str:

@@ -252,6 +252,16 @@ def runtime_env(stack: Stack) -> dict[str, str]:
     return env
 
 
+def runtime_env_notes(stack: Stack) -> dict[str, str]:
+    """Why runtime_env sets what it sets (a comment beside it in the Dockerfile and the definition
+    file; fixed text, one line each)."""
+    single_copy = ("no CMA single copy: ranks in separate user namespaces (charliecloud, rootless "
+                   "runtimes) cannot use it; measured in docs/fabric.md")
+    return {"OMPI_MCA_smsc": single_copy + " (Open MPI 5 reads smsc, not btl_vader_*)",
+            "OMPI_MCA_btl_vader_single_copy_mechanism": single_copy + " (Apptainer's MPI guide)",
+            "PMIX_MCA_gds": "PMIx's hash datastore: the shared-memory one (ds12) breaks across PMIx versions"}
+
+
 def open_mpi_5(stack: Stack) -> bool:
     mpi = stack.spec.mpi
     return bool(mpi and mpi.flavor == "openmpi" and satisfies(mpi.version, ">=5"))

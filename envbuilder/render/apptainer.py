@@ -80,6 +80,7 @@ def render_apptainer(plan: Plan, spec_sha: str) -> str:
         if not last:
             continue
         out += ["", "%environment"]
+        out += [f"    # {k}: {why}" for k, why in plan.env_notes.items()]
         out += [f"    {apptainer_export(k, v, k, expand=k not in plan.literal_env)}" for k, v in plan.env.items()]
         out += ["", "%labels"]
         out += [f"    {apptainer_line(k)} {apptainer_text(v, k)}" for k, v in plan.labels.items()]

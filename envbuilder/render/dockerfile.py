@@ -80,6 +80,7 @@ def render_dockerfile(plan: Plan, spec_sha: str) -> str:
     out.append("")
     out.append("# ---- image metadata and environment " + "-" * 10)
     out.append("LABEL " + " \\\n      ".join(f"{k}={docker_value(v, k)}" for k, v in plan.labels.items()))
+    out += [f"# {k}: {why}" for k, why in plan.env_notes.items()]
     out.append("ENV " + " \\\n    ".join(f"{k}={docker_value(v, k, expand=k not in plan.literal_env)}"
                                          for k, v in plan.env.items()))
     out.append(f"WORKDIR {plan.workdir}")

@@ -182,6 +182,8 @@ def main() -> None:
     ap.add_argument("--big-iters", type=int, default=5, help="16 MiB allreduces timed (default 5)")
     ap.add_argument("--small-iters", type=int, default=200, help="8-byte allreduces timed (default 200)")
     ap.add_argument("--nodes", default="1,2", help="node counts to run each row on (default 1,2)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the rows in turn this many times and print medians and container/host ratios")
     ap.add_argument("--json", help="write the figures here too")
     a = ap.parse_args()
     wanted = a.only.split(",")
@@ -237,19 +239,24 @@ def main() -> None:
             spec = host_spec(work, "mpi-host", '{flavor: openmpi, version: "4.1.4", pmi: pmix}')
             runs.append(("Debian Open MPI 4.1.4 (the nodes', host runtime)", "pmix", spec, None,
                          site(work, "mc", "pmix"), {"ENVBUILDER_VENV": str(venv)}, ("--runtime", "host")))
+        jobs = []
         for i, (label, plugin, spec, directory, profile, env, opts) in enumerate(runs):
             folder = work / f"job-{i}"
             envbuilder("build", str(spec), "--site", str(profile), "--no-build", "--out", str(folder), *opts)
-            env = {**env, **({"ENVBUILDER_IMAGE": directory} if directory else {})}
-            for nodes in [int(n) for n in a.nodes.split(",")]:
-                t0 = time.time()
-                fig = measure(folder, nodes, a.big_iters, a.small_iters, env)
-                fig.update(mpi=label, srun=plugin, nodes=nodes, wall_s=round(time.time() - t0, 1),
-                           load=round(os.getloadavg()[0], 1))
-                rows.append(fig)
-                print(f"  {label}, {nodes} node(s): " + (fig.get("error") or
-                      f"{fig['busbw_MBps']:.0f} MB/s, {fig['small_s'] * 1e6:.1f} us ({fig['lib'][:40]})"),
-                      file=sys.stderr)
+            jobs.append((label, plugin, folder, {**env, **({"ENVBUILDER_IMAGE": directory} if directory else {})}))
+        # --repeat N: the rows take turns N times, so that a slow minute of the shared machine hits
+        # every row alike (medians and container/host ratios below)
+        for _ in range(a.repeat):
+            for label, plugin, folder, env in jobs:
+                for nodes in [int(n) for n in a.nodes.split(",")]:
+                    t0 = time.time()
+                    fig = measure(folder, nodes, a.big_iters, a.small_iters, env)
+                    fig.update(mpi=label, srun=plugin, nodes=nodes, wall_s=round(time.time() - t0, 1),
+                               load=round(os.getloadavg()[0], 1))
+                    rows.append(fig)
+                    print(f"  {label}, {nodes} node(s): " + (fig.get("error") or
+                          f"{fig['busbw_MBps']:.0f} MB/s, {fig['small_s'] * 1e6:.1f} us ({fig['lib'][:40]})"),
+                          file=sys.stderr)
     finally:
         for node in NODES:
             for name in (impi_name, f"{impi_name}-host"):
@@ -267,10 +274,31 @@ def main() -> None:
             continue
         print(f"| {r['mpi']} | {r['srun']} | {r['nodes']} x 2 | {r['busbw_MBps']:.0f} MB/s | "
               f"{r['big_s'] * 1e3:.1f} ms | {r['small_s'] * 1e6:.1f} µs | {r['load']} |")
+    if a.repeat > 1:
+        print_medians(rows)
     if prep:
         print("\nimage build (cached layers) + ch-convert: " + ", ".join(f"{k} {v:.0f} s" for k, v in prep.items()))
     if a.json:
         Path(a.json).write_text(json.dumps({"rows": rows, "prep_s": prep, "load": load}, indent=1))
+
+
+def print_medians(rows: list[dict]) -> None:
+    """Median 16 MiB bus bandwidth per row and node count, and each image row against its host
+    runtime row (the label with ", host runtime" after the MPI's name)."""
+    import statistics
+
+    runs: dict[tuple[str, int], list[float]] = {}
+    for r in rows:
+        if "error" not in r:
+            runs.setdefault((r["mpi"], r["nodes"]), []).append(r["busbw_MBps"])
+    print("\n| MPI | nodes x ranks | runs | median 16 MiB busbw | min - max | container / host |")
+    print("|---|---|---|---|---|---|")
+    for (label, nodes), figs in runs.items():
+        med = statistics.median(figs)
+        name, _, rest = label.partition(" (PyPI wheel)")
+        host = runs.get((f"{name} (PyPI wheel), host runtime{rest}", nodes)) if "host runtime" not in label else None
+        ratio = f"{med / statistics.median(host):.2f}" if host else ""
+        print(f"| {label} | {nodes} x 2 | {len(figs)} | {med:.0f} MB/s | {min(figs):.0f} - {max(figs):.0f} | {ratio} |")
 
 
 if __name__ == "__main__":

@@ -243,7 +243,7 @@ def runtime_env(stack: Stack) -> dict[str, str]:
     # Container MPI tips from Apptainer's MPI guide and slurm.md F1: no CMA single copy inside
     # user namespaces, and PMIx's shared-memory datastore off (ds12 breaks across versions).
     # Open MPI 5 moved single copy from the vader BTL into the smsc framework: the vader parameter
-    # is not read there (catalog source ompi5_smsc, with the figures that chose this).
+    # is not read there (catalog source ompi5_smsc: with CMA off the image matched the host).
     if open_mpi_5(stack):
         env["OMPI_MCA_smsc"] = "^cma"
     else:

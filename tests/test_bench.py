@@ -152,3 +152,22 @@ def test_gpu_figures_lists_every_step_with_its_seconds_or_cached():
                      "cached"),
                     ("[runtime 4/8] COPY --from=devel-rest /opt/venv /opt/venv", "9.0s"),
                     ("exporting to image", "17.6s")]
+
+
+def test_mpi_allreduce_repeat_table_pairs_each_image_row_with_its_host_row(capsys):
+    """bench/mpi_allreduce.py --repeat: medians per row and node count, and the image row divided
+    by the host row of the same MPI and settings (a row without a host row gets no ratio)."""
+    spec = importlib.util.spec_from_file_location("envbuilder_bench_mpi", ROOT / "bench" / "mpi_allreduce.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    img, host = "Open MPI 5.0.11 (PyPI wheel), smsc ^cma", "Open MPI 5.0.11 (PyPI wheel), host runtime, smsc ^cma"
+    rows = [{"mpi": img, "nodes": 1, "busbw_MBps": v} for v in (900.0, 1000.0, 2000.0)]
+    rows += [{"mpi": host, "nodes": 1, "busbw_MBps": v} for v in (500.0, 800.0, 810.0)]
+    rows += [{"mpi": "Intel MPI 2021.19 (impi-rt) injected", "nodes": 2, "busbw_MBps": 100.0},
+             {"mpi": img, "nodes": 2, "error": "job 7 exited 1"}]
+    module.print_medians(rows)
+    table = {line.split(" | ")[0].lstrip("| "): line for line in capsys.readouterr().out.splitlines()
+             if line.startswith("| ") and "MB/s" in line}
+    assert table[img].endswith("| 3 | 1000 MB/s | 900 - 2000 | 1.25 |"), table[img]
+    assert table[host].endswith("| 800 MB/s | 500 - 810 |  |"), table[host]
+    assert table["Intel MPI 2021.19 (impi-rt) injected"].endswith("|  |")

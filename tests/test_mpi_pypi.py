@@ -97,31 +97,23 @@ def test_the_wheel_goes_into_the_venv_after_the_framework_with_its_plugin(tmp_pa
 def test_single_copy_is_turned_off_with_the_parameter_each_open_mpi_reads(tmp_path):
     """Open MPI 5 has no btl_vader_single_copy_mechanism (single copy is its smsc framework): the
     wheel image sets OMPI_MCA_smsc=^cma; Debian's Open MPI 4.1 image keeps the vader parameter.
-    Read as Docker reads the Dockerfile (dockerfile-parse: the runtime stage's ENV)."""
-    def runtime_env(mpi: str) -> dict:
-        parser = parser_of(generate(load_spec(spec_file(tmp_path, "sc", mpi))).files["Dockerfile"].decode(), tmp_path)
-        env: dict = {}
-        stage = None
-        for ins in parser.structure:
-            if ins["instruction"] == "FROM":
-                stage = ins["value"].split()[-1]
-            elif ins["instruction"] == "ENV" and stage == "runtime":
-                env.update(dict(item.split("=", 1) for item in _env_items(ins["value"])))
-        return env
+    Read as Docker reads the Dockerfile (dockerfile-parse: the last stage's ENV)."""
+    def recipes(mpi: str) -> dict:
+        spec = spec_file(tmp_path, "sc", mpi)
+        spec.write_text(spec.read_text().replace("targets: [docker]", "targets: [docker, apptainer]"))
+        return {k: v.decode() for k, v in generate(load_spec(spec)).files.items()}
 
-    ompi5 = runtime_env(OMPI)
+    files = recipes(OMPI)
+    parsed = dockerfile(files["Dockerfile"])
+    ompi5 = parsed.envs
     assert ompi5["OMPI_MCA_smsc"] == "^cma" and "OMPI_MCA_btl_vader_single_copy_mechanism" not in ompi5, ompi5
-    debian = runtime_env('{flavor: openmpi, version: "4.1.4", pmi: pmix}')
+    debian = dockerfile(recipes('{flavor: openmpi, version: "4.1.4", pmi: pmix}')["Dockerfile"]).envs
     assert debian["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none" and "OMPI_MCA_smsc" not in debian, debian
     # the recipe says why, beside the variable: a comment above ENV, and one in %environment, which
     # Apptainer sources with sh (the comment must not change what it exports)
-    both = spec_file(tmp_path, "sc", OMPI)
-    both.write_text(both.read_text().replace("targets: [docker]", "targets: [docker, apptainer]"))
-    files = generate(load_spec(both)).files
-    comments = [ins["value"] for ins in parser_of(files["Dockerfile"].decode(), tmp_path).structure
-                if ins["instruction"] == "COMMENT"]
+    comments = [ins["value"] for ins in parsed.structure if ins["instruction"] == "COMMENT"]
     assert any(c.startswith("OMPI_MCA_smsc: no CMA single copy") and "docs/fabric.md" in c for c in comments)
-    environment = files["Apptainer.def"].decode().split("%environment\n", 1)[1].split("\n%", 1)[0]
+    environment = files["Apptainer.def"].split("%environment\n", 1)[1].split("\n%", 1)[0]
     assert "    # OMPI_MCA_smsc: no CMA single copy" in environment
     (tmp_path / "env.sh").write_text(environment)
     out = subprocess.run(["sh", "-c", '. "$1"; echo "$OMPI_MCA_smsc|$PMIX_MCA_gds"', "sh", str(tmp_path / "env.sh")],
@@ -129,18 +121,15 @@ def test_single_copy_is_turned_off_with_the_parameter_each_open_mpi_reads(tmp_pa
     assert out.stdout.strip() == "^cma|hash", out.stdout + out.stderr
 
 
-def parser_of(text: str, tmp_path: Path):
+def dockerfile(text: str):
+    """TEXT as dockerfile-parse reads it (in memory, as tests/test_hardening.py does)."""
+    import io
+
     from dockerfile_parse import DockerfileParser
 
-    parser = DockerfileParser(path=str(tmp_path / "Dockerfile"))
+    parser = DockerfileParser(fileobj=io.BytesIO())
     parser.content = text
     return parser
-
-
-def _env_items(value: str) -> list[str]:
-    import shlex
-
-    return [w for w in shlex.split(value) if "=" in w]
 
 
 def test_check_site_refuses_an_open_mpi_image_on_an_mpich_abi_site(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -161,6 +162,30 @@ def test_nccl_network_is_parsed_from_its_init_log():
     ib = fab.parse_nccl_log(NCCL_IB)
     assert ib["net"] == "IB" and fab.nccl_layer(ib)["rdma"] is True
     assert fab.parse_nccl_log("NCCL version 2.20.5+cuda12.4\n") is None
+
+
+DATA = Path(__file__).resolve().parent / "data" / "fabric"
+
+
+def test_nccl_2_28_on_a_gpu_without_an_hca_reads_as_sockets_even_without_its_summary_line():
+    """Recorded for real (tools/device_gpu_smoke.sh: NCCL 2.28.9 in torch 2.11.0+cu130, one H100,
+    no HCA): NCCL prints "NET/IB : Using [RO]; OOB eth0" (no device) before "Failed to initialize
+    NET plugin IB" and ends on sockets. Read whole, and with the "Using network" / "Assigned" /
+    "Initialized" lines cut (NCCL_DEBUG_SUBSYS set by a user), it is NET/Socket, never IB; with
+    ib promised across two nodes the check names the missing device."""
+    text = (DATA / "nccl-2.28.9-h100-no-hca-socket.log").read_text()
+    whole = fab.parse_nccl_log(text)
+    assert whole["net"] == "Socket" and whole["no_ib_device"] and not whole["plugin_missing"]
+    assert "NCCL INFO Using network Socket" in " ".join(whole["lines"])
+    cut = "\n".join(line for line in text.splitlines()
+                    if not re.search(r"Using network|Assigned NET plugin|Initialized NET plugin", line))
+    assert "NET/IB : Using [RO]" in cut
+    assert fab.parse_nccl_log(cut)["net"] == "Socket"
+    layer = fab.nccl_layer(whole)
+    assert layer["transport"] == "NET/Socket" and layer["rdma"] is False
+    res = fab.judge([transport_check("[torch]", [obs("gpu1", nccl=layer), obs("gpu2", nccl=layer)])], "ib")
+    assert res["status"] == "fail"
+    assert "nccl on gpu1 fell back to NET/Socket: no RDMA device visible to the rank" in res["detail"]
 
 
 # --------------------------------------------------------------------------- the report's checks

@@ -511,3 +511,15 @@ def test_node_vetting_line_with_numpy_and_torch_and_without_either():
     assert n1 == "node7" and v1 == "ok" and int(r1) > 0 and a1 != "-" and int(a1) > 0 and why1 == "-"
     assert v2 == "bad" and why2 == "fabric ib: no RDMA device in the container (/dev/infiniband, /sys/class/infiniband)"
     assert v3 == "ok" and int(r3) > 0 and a3 == "-"
+
+
+def test_two_ranks_on_one_gpu_get_the_fix_before_nccls_message():
+    """NCCL's refusal of two ranks on one GPU, as NCCL 2.28.9 logged it on an H100
+    (tests/data/fabric, tools/device_gpu_smoke.sh): the failed check's detail starts with the fix."""
+    from envbuilder.smoke import worker
+    log = (Path(__file__).resolve().parent / "data" / "fabric" / "nccl-2.28.9-h100-two-ranks-one-gpu.log").read_text()
+    warn = next(line for line in log.splitlines() if "NCCL WARN" in line)
+    message = "DistBackendError: NCCL error ... invalid usage\nLast error:\n" + warn.split("NCCL WARN ", 1)[1]
+    assert worker.failure_hint(message).startswith("more ranks than GPUs on this node")
+    assert "--gpus-per-task=1" in worker.failure_hint(message)
+    assert worker.failure_hint("RuntimeError: connection refused") == ""

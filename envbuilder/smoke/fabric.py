@@ -281,14 +281,31 @@ def mpi_layer(libs, devices, ompi=None, ucx=None):
 def parse_nccl_log(text):
     """NCCL's network from its NCCL_DEBUG=INFO init log: {'net': 'IB'|'Socket'|'AWS Libfabric'|...,
     'provider': libfabric provider or None, 'plugin_missing': bool, 'lines': [evidence]}; None
-    when the log names no network."""
-    net = provider = None
+    when the log names no network.
+
+    The strongest line wins: "Using network X" (every NCCL), then "Assigned NET plugin X to comm"
+    (2.2x), then "Initialized NET plugin X", then "NET/IB|Socket : Using [0]dev" naming a device.
+    NCCL 2.28 prints "NET/IB : Using [RO]; OOB eth0" with no device at all before "Failed to
+    initialize NET plugin IB" (recorded on an H100 without an HCA: tests/data/fabric), so an IB
+    line that lists no device, or whose plugin failed, never counts as IB."""
+    found = {}          # strength -> network name (lower is stronger)
+    failed = set()
+    provider = None
     lines = []
     plugin_missing = no_ib_device = False
+    patterns = ((0, r"NCCL INFO Using network (.+?)\s*$"),
+                (1, r"NCCL INFO Assigned NET plugin (.+?) to comm"),
+                (2, r"NCCL INFO Initialized NET plugin (.+?)\s*$"),
+                (3, r"NCCL INFO NET/(IB|Socket)\s*:\s*Using \[\d+\]"))
     for line in text.splitlines():
-        m = re.search(r"NCCL INFO Using network (.+?)\s*$", line)
+        for strength, pattern in patterns:
+            m = re.search(pattern, line)
+            if m:
+                found.setdefault(strength, m.group(1))
+                lines.append(line.strip())
+        m = re.search(r"NCCL INFO Failed to initialize NET plugin (\S+)", line)
         if m:
-            net = m.group(1)
+            failed.add(m.group(1))
             lines.append(line.strip())
         m = re.search(r"NCCL INFO NET/OFI Selected [Pp]rovider is (\S+)", line)
         if m:
@@ -301,10 +318,8 @@ def parse_nccl_log(text):
         if re.search(r"NCCL INFO NET/IB\s*: No device found", line):
             no_ib_device = True
             lines.append(line.strip())
-        m = re.search(r"NCCL INFO NET/(IB|Socket)\s*:\s*Using", line)
-        if m and net is None:
-            net = m.group(1)
-            lines.append(line.strip())
+    nets = [found[k] for k in sorted(found) if k == 0 or found[k] not in failed]
+    net = nets[0] if nets else None
     if net is None and not lines:
         return None
     return {"net": net, "provider": provider, "plugin_missing": plugin_missing, "no_ib_device": no_ib_device,

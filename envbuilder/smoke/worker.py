@@ -450,6 +450,27 @@ def horovod_is_down(exc):
             or "Connection closed by peer" in text or "Gloo" in text and "closed" in text)
 
 
+# messages of the GPU stack whose fix the user cannot read from them: (text in the error, what to do)
+KNOWN_FAILURES = (
+    # NCCL refuses two ranks on one GPU (seen for real: NCCL 2.28.9, 2 ranks on one H100, docs/gpu.md)
+    ("Duplicate GPU detected", "more ranks than GPUs on this node: NCCL needs one GPU per rank "
+     "(ask Slurm for --gpus-per-task=1, or as many --ntasks-per-node as --gpus-per-node)"),
+    ("no kernel image is available", "the GPU is not in the arch list the framework was compiled for "
+     "(job.sbatch's GPU preflight names it): use other nodes or a build for this GPU"),
+    ("driver version is insufficient", "the node's NVIDIA driver is older than the image's CUDA needs "
+     "(job.sbatch's GPU preflight names both): use nodes with a newer driver or an older CUDA"),
+)
+
+
+def failure_hint(text):
+    """What to do about a known GPU-stack error message ('' for any other); the report puts it
+    before the message, whose tail the table may cut."""
+    for needle, fix in KNOWN_FAILURES:
+        if needle in text:
+            return fix
+    return ""
+
+
 def run_checks(ctx, checks):
     """Run (name, fn) pairs; an exception fails that check only. Returns False once the
     run cannot go on (Horovod not initialised)."""
@@ -461,8 +482,9 @@ def run_checks(ctx, checks):
             res = fn(ctx)
         except Exception as exc:  # noqa: BLE001 - the failure is the finding
             tb = traceback.format_exc(limit=6)
-            res = [result(cname, FAIL, "%s: %s" % (type(exc).__name__, exc), "error",
-                          {"traceback": tb})]
+            text = "%s: %s" % (type(exc).__name__, exc)
+            hint = failure_hint(text)
+            res = [result(cname, FAIL, (hint + ". " if hint else "") + text, "error", {"traceback": tb})]
             if cname.startswith(("horovod.init", "dist.init")) or horovod_is_down(exc):
                 # nothing later can work: stop here (the launcher names what is missing)
                 res[0]["data"]["fatal"] = True

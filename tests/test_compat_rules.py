@@ -222,3 +222,29 @@ def test_tensorflow_gpu_from_pypi_is_the_cuda12_lane(cli, write_spec):
     assert cli("check", str(RECIPES / "tf-pypi.yaml")).code == 0
     r = cli("check", str(write_spec(text.replace('version: "12.5"', 'version: "13.0"'))))
     assert r.code == 2 and "PYPI_CUDA_MAJOR" in r.err and "CUDA 12" in r.err, r.err
+
+
+def test_horovod_on_a_gcc13_base_gets_the_include_fix_and_bookworm_keeps_its_cached_build(cli, tmp_path):
+    """Horovod 0.28.1 does not compile with GCC 13 (std::string, std::logic_error used without
+    their headers: seen with g++ 13.3 of Ubuntu 24.04 on a lent GPU machine, docs/gpu.md). On a base
+    whose catalog g++ is 13 or newer, the Horovod step adds the headers through CXXFLAGS (kept
+    after any CXXFLAGS of its own), in the Dockerfile and the definition file alike; on Debian 12
+    (g++ 12.2) the step is unchanged, so its build cache still holds."""
+    text = (RECIPES / "cpu-torch.yaml").read_text()
+    for old, new in (("base: local/debian:bookworm", "base: ubuntu:24.04"), ('python: "3.11"', 'python: "3.12"'),
+                     ('version: "4.1.4", pmi', 'version: "4.1.6", pmi')):
+        assert old in text
+        text = text.replace(old, new)
+    spec = tmp_path / "u24.yaml"
+    spec.write_text(text)
+    flags = 'export CXXFLAGS="${CXXFLAGS:-} -include string -include cstdint -include stdexcept'
+    for path, out, applied in ((spec, tmp_path / "u24", True), (RECIPES / "cpu-torch.yaml", tmp_path / "bookworm", False)):
+        r = cli("build", str(path), "--no-build", "--out", str(out))
+        assert r.code == 0, r.err
+        dockerfile = (out / "Dockerfile").read_text()
+        definition = (out / "Apptainer.def").read_text()
+        assert (flags in dockerfile) is applied and (flags in definition) is applied
+        assert ("fix horovod_gcc13: released Horovod uses std::string" in dockerfile) is applied
+        if applied:
+            step = dockerfile[dockerfile.index(flags):]
+            assert step.index(flags) < step.index("--no-build-isolation")

@@ -73,6 +73,9 @@ def patches(stack: Stack) -> list[tuple[str, dict]]:
             continue
         if "cuda" in applies and not (stack.spec.cuda and satisfies(stack.spec.cuda.version, applies["cuda"])):
             continue
+        gcc = (stack.catalog.os(stack.os_name) or {}).get("gcc")
+        if "gcc" in applies and not (gcc and satisfies(gcc, applies["gcc"])):
+            continue        # a base the catalog does not know keeps the released sources' build
         families = [k for k in ("pytorch", "tensorflow") if k in applies]
         if families and not (fw.family in applies and satisfies(fw.version, applies[fw.family])):
             continue
@@ -170,6 +173,11 @@ def devel_steps(stack: Stack) -> list[Step]:
                      "without MAKEFLAGS (source: setup.py of horovod 0.28.1; nvcc and the torch extension "
                      "take about 1 GB each)")
     for name, patch in patches(stack):
+        if "cxxflags" in patch:
+            # a fix by compiler flags (CXXFLAGS reaches Horovod's CMake as CMAKE_CXX_FLAGS)
+            cmds.append(f'export CXXFLAGS="${{CXXFLAGS:-}} {patch["cxxflags"]}"')
+            notes.append(f"fix {name}: {patch['reason']}")
+            continue
         old, new = patch["replace"]
         files = " ".join(f"{folder}/{f}" for f in patch["files"])
         cmds.append(f"sed -i 's/{old}/{new}/' {files}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -28,6 +30,22 @@ def run_envbuilder(*args: str, cwd: Path | None = None, env: dict | None = None,
     proc = subprocess.run([sys.executable, "-m", "envbuilder", *args], cwd=cwd or ROOT, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
     return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def run_envbuilder_in_process(*args: str) -> Result:
+    """The same command through envbuilder.cli.main in this process, its output captured: for
+    tables of `check` cases, where a new interpreter per case (~0.35 s of imports) is most of the
+    time. An exception escapes into the test and fails it, as its traceback would fail a
+    subprocess case. Commands that build, start ranks or need a clean process use run_envbuilder."""
+    from envbuilder.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:           # argparse's own exits
+            code = exc.code if isinstance(exc.code, int) else 2
+    return Result(code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture

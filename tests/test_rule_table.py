@@ -16,7 +16,7 @@ import re
 import pytest
 import yaml
 
-from conftest import RECIPES, ROOT
+from conftest import RECIPES, ROOT, run_envbuilder_in_process
 
 RULES_PY = ROOT / "envbuilder" / "compat" / "rules.py"
 PRESETS = {p.stem: yaml.safe_load(p.read_text()) for p in sorted(RECIPES.glob("*.yaml"))}
@@ -168,6 +168,13 @@ def derive(preset: str, changes: dict) -> str:
         else:
             node[last] = value
     return yaml.safe_dump(data, sort_keys=False)
+
+
+@pytest.fixture
+def cli():
+    """`envbuilder check` in this process: ~110 cases, each a subprocess would mostly spend importing
+    (47 s -> a few); the same command runs as a subprocess in tests/test_spec_errors.py."""
+    return run_envbuilder_in_process
 
 
 def check_json(cli, write_spec, text: str):

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -72,7 +73,8 @@ def charliecloud_dir(image: str, cache: Path | None = None) -> tuple[str, bool]:
     cache.mkdir(parents=True, exist_ok=True)
     ident = docker_image_id(docker, image)[:16] or re.sub(r"[^A-Za-z0-9_.-]", "_", image)
     target = cache / ident
-    if all((target / d).is_dir() for d in ("dev", "etc", "opt", "usr")):
+    if is_directory_image(target):
+        os.utime(target)         # its last use: trim_cache keeps the most recently used
         return str(target), True
     if target.exists():          # cut short while it was removed (an interrupted run): convert anew
         remove_directory_image(target)
@@ -83,7 +85,45 @@ def charliecloud_dir(image: str, cache: Path | None = None) -> tuple[str, bool]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     os.replace(tmp, target)
+    trim_cache(cache, keep=cache_keep(), current=target)
     return str(target), True
+
+
+CACHE_KEEP_ENV = "ENVBUILDER_CH_CACHE_KEEP"
+CACHE_KEEP_DEFAULT = 4          # the suite converts 5-6 images a run; a user verifies a few at a time
+IN_USE_S = 3600                 # an image used within this time may be running a job: never removed
+
+
+def cache_keep() -> int:
+    raw = os.environ.get(CACHE_KEEP_ENV, "").strip()
+    if not raw:
+        return CACHE_KEEP_DEFAULT
+    if not raw.isdigit() or int(raw) < 1:
+        raise EnvbuilderError(CACHE_KEEP_ENV, f"{CACHE_KEEP_ENV}={raw!r} is not a whole number >= 1",
+                              f"set {CACHE_KEEP_ENV} to how many directory images to keep (default "
+                              f"{CACHE_KEEP_DEFAULT}), or unset it")
+    return int(raw)
+
+
+def is_directory_image(path: Path) -> bool:
+    return all((path / d).is_dir() for d in ("dev", "etc", "opt", "usr"))
+
+
+def trim_cache(cache: Path, keep: int, current: Path, now: float | None = None) -> list[Path]:
+    """Each conversion is a whole image (1-6 GB): keep the KEEP most recently used directory
+    images in CACHE, and remove older ones unless used within the hour (a job may be running from
+    one). Only entries this module made (16-hex image ids with an image tree) are touched."""
+    now = time.time() if now is None else now
+    entries = [p for p in cache.iterdir()
+               if re.fullmatch(r"[0-9a-f]{16}", p.name) and p.is_dir() and not p.is_symlink() and is_directory_image(p)]
+    entries.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    removed = []
+    for old in entries[keep:]:
+        if old == current or now - old.stat().st_mtime < IN_USE_S:
+            continue
+        remove_directory_image(old)
+        removed.append(old)
+    return removed
 
 
 # What ch-run binds over or needs present in an image directory (as `ch-convert` makes them).

@@ -3,6 +3,7 @@ SquashFS partition mounted by squashfuse (runtimes/sif.py runs that for verify).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -74,7 +75,8 @@ def charliecloud_dir(image: str, cache: Path | None = None) -> tuple[str, bool]:
     ident = docker_image_id(docker, image)[:16] or re.sub(r"[^A-Za-z0-9_.-]", "_", image)
     target = cache / ident
     if is_directory_image(target):
-        os.utime(target)         # its last use: trim_cache keeps the most recently used
+        with contextlib.suppress(OSError):       # another user's cache entry: read it as it is
+            os.utime(target)     # its last use: trim_cache keeps the most recently used
         return str(target), True
     if target.exists():          # cut short while it was removed (an interrupted run): convert anew
         remove_directory_image(target)

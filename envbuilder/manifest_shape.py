@@ -47,6 +47,7 @@ MANIFEST_SCHEMA = {
             "mpi": _opt({"type": "object", "description": "an object", "properties": {
                 "flavor": _text("an MPI flavor"), "version": _text("a version")}}),
             "cuda": _opt(_text("a version")), "cudnn": _opt(_text("a version")), "nccl": _opt(_text("a version")),
+            "cuda_runtime": _opt(_text("a version")),
             "gpu": {"type": "boolean", "description": "true or false"},
             "packages": _opt(_STRMAP), "apt": _opt(_STRMAP), "conda": _opt(_STRMAP),
             "cpu_env": _opt({"type": "object", "additionalProperties": _text("a value"),

@@ -76,3 +76,22 @@ def test_build_of_a_gpu_preset_with_a_cpu_wheelhouse_stops_at_the_lock_before_th
     assert TORCH_WHEEL in r.err and "from the wheelhouse" in r.err and "Traceback" not in r.err
     assert "lock: pip: torch" in r.err
     assert not (out / "envbuilder.lock").exists() and not (out / "image.json").exists()
+
+
+@pytest.mark.parametrize("preset,runtime_wheel,built,expected", [
+    # TensorFlow 2.21's and-cuda extra resolved nvidia-cuda-runtime-cu12 12.9.79 (2026-11-26) for a
+    # TensorFlow built with CUDA 12.5.1: verify read libcudart 12.9 and failed against the spec's 12.5
+    ("tf-pypi-debian", ("nvidia-cuda-runtime-cu12", "12.9.79"), "12.5", "12.9"),
+    ("torch-horovod-pypi", ("nvidia-cuda-runtime", "13.0.96"), "13.0", "13.0"),
+])
+def test_the_manifest_expects_the_cuda_runtime_the_lock_installs(preset, runtime_wheel, built, expected):
+    from envbuilder.lock.model import Lock
+    from envbuilder.render.manifest import expected as manifest_expect
+    from envbuilder.resolve import resolve
+    from envbuilder.spec import load_spec
+
+    stack = resolve(load_spec(RECIPES / f"{preset}.yaml"))
+    assert "cuda_runtime" not in manifest_expect(stack)            # no lock: the spec's CUDA only
+    stack.lock = Lock(name=preset, inputs={}, pip={"framework": [entry(*runtime_wheel), *NVIDIA]})
+    expect = manifest_expect(stack)
+    assert (expect["cuda"], expect["cuda_runtime"]) == (built, expected)

@@ -57,7 +57,26 @@ def expect_pypi(stack: Stack) -> dict:
     """The keys a `source: pypi` stack adds after `packages` (older manifests stay as they were)."""
     if not stack.pypi_cuda:
         return {}
-    return {"cuda_source": "pypi", "cuda_arch": cuda_archs(stack) or []}
+    out = {"cuda_source": "pypi", "cuda_arch": cuda_archs(stack) or []}
+    runtime = locked_cuda_runtime(stack)
+    if runtime:
+        out["cuda_runtime"] = runtime
+    return out
+
+
+def locked_cuda_runtime(stack: Stack) -> str | None:
+    """MAJOR.MINOR of the CUDA runtime wheel the lock installs (nvidia-cuda-runtime[-cuNN]), or None
+    without a lock. The framework's requirement may be a range: TensorFlow 2.21's `and-cuda` extra
+    resolved nvidia-cuda-runtime-cu12 12.9.79 on 2026-11-26 for a TensorFlow built with CUDA 12.5.1,
+    so libcudart reports 12.9 while the framework's build info says 12.5 (docs/gpu.md)."""
+    lock = getattr(stack, "lock", None)
+    if lock is None:
+        return None
+    versions = lock.pip_versions()
+    for name in (f"nvidia-cuda-runtime-cu{stack.cuda_major}", "nvidia-cuda-runtime"):
+        if name in versions:
+            return ".".join(versions[name].split(".")[:2])
+    return None
 
 
 def site_packages(stack: Stack) -> str:

@@ -224,3 +224,20 @@ def test_the_smoke_suite_imports_only_itself_and_verify_shares_its_report_format
     assert runner.BEGIN_MARKER is common.BEGIN_MARKER and runner.REPORT_SCHEMA is common.REPORT_SCHEMA
     checks = [{"name": "a", "status": "fail", "figure": "", "detail": "\n".join("l%d" % i for i in range(9))}]
     assert report.table({"checks": checks}) == suite_report.table(checks, detail_lines=8)
+
+
+def test_every_shell_script_of_the_repository_passes_shellcheck():
+    """CI's set-up, the cluster tool and the developer scripts (job.sbatch has its own tests):
+    every file under .ci/ and tools/ that starts with a shell's #! line, at shellcheck's warning level."""
+    import shutil
+    import subprocess
+
+    root = PKG.parent
+    exe = shutil.which("shellcheck")
+    assert exe, "shellcheck must be installed (.ci/install-system.sh)"
+    scripts = sorted(p for folder in (".ci", "tools") for p in (root / folder).iterdir()
+                     if p.is_file() and p.read_bytes()[:40].split(b"\n")[0].startswith(b"#!")
+                     and p.read_bytes()[:40].split(b"\n")[0].rstrip().endswith((b"sh", b"bash")))
+    assert len(scripts) >= 10, scripts          # the scan itself still finds them
+    r = subprocess.run([exe, "-S", "warning", *map(str, scripts)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:]

@@ -62,7 +62,9 @@ def verify(folder: Path, nodes: int, ranks: int, *extra: str) -> tuple[float, di
     t0 = time.time()
     p = run(sys.executable, "-m", "envbuilder", "verify", str(folder), "--slurm", "--nodes", str(nodes),
             "--ranks", str(ranks), "--python", PYTHON, "--timeout", "120", "--report", str(report), *extra,
-            env={"SLURM_CONF": CONF})
+            # charliecloud's directory image where every node sees it (the default cache is this
+            # machine's /var/tmp, which the nodes do not mount)
+            env={"SLURM_CONF": CONF, "ENVBUILDER_CH_CACHE": os.environ.get("ENVBUILDER_CH_CACHE", str(SHARED / "charliecloud"))})
     wall = time.time() - t0
     if not report.is_file():
         sys.exit(f"verify wrote no report:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")

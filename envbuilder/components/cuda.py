@@ -65,18 +65,16 @@ def expect_pypi(stack: Stack) -> dict:
 
 
 def locked_cuda_runtime(stack: Stack) -> str | None:
-    """MAJOR.MINOR of the CUDA runtime wheel the lock installs (nvidia-cuda-runtime[-cuNN]), or None
-    without a lock. The framework's requirement may be a range: TensorFlow 2.21's `and-cuda` extra
-    resolved nvidia-cuda-runtime-cu12 12.9.79 on 2026-11-26 for a TensorFlow built with CUDA 12.5.1,
-    so libcudart reports 12.9 while the framework's build info says 12.5 (docs/gpu.md)."""
+    """MAJOR.MINOR of the wheel the lock installs for libcudart (catalog `pypi_cuda_runtime_wheel`),
+    or None without a lock. The framework may ask for a range: TensorFlow 2.21's `and-cuda` extra
+    resolved cudart 12.9.79 on 2026-11-26 for a TensorFlow built with CUDA 12.5.1, so libcudart
+    reports 12.9 while the framework's build info says 12.5 (docs/gpu.md)."""
     lock = getattr(stack, "lock", None)
-    if lock is None:
+    wheel = stack.catalog.data.get("pypi_cuda_runtime_wheel", {}).get(str(stack.cuda_major))
+    if lock is None or not wheel:
         return None
-    versions = lock.pip_versions()
-    for name in (f"nvidia-cuda-runtime-cu{stack.cuda_major}", "nvidia-cuda-runtime"):
-        if name in versions:
-            return ".".join(versions[name].split(".")[:2])
-    return None
+    version = lock.pip_versions().get(wheel["name"])
+    return ".".join(version.split(".")[:2]) if version else None
 
 
 def site_packages(stack: Stack) -> str:

@@ -62,8 +62,10 @@ def lines(stack: Stack, srun_extra: str, container: bool, torchrun: bool) -> lis
         '    for node in "${all[@]}"; do',
         '        if [ -z "${answered[$node]:-}" ]; then',
         '            why[$node]="no answer from the vetting step on it (a crash, or 300 s passed)"',
-        '        elif [ -z "${why[$node]:-}" ] && [ $(( ${rate[$node]} * ' + str(SLOW_FRACTION) + ' )) -lt "$best" ]; then',
-        '            why[$node]="compute ${rate[$node]} Mflop/s, below half of $best_node\'s $best"',
+        # a slow node is named as slow first, with whatever else failed on it (at a few percent of a
+        # core its allreduce also runs out of time: both are said)
+        '        elif [ "${rate[$node]}" -gt 0 ] && [ $(( ${rate[$node]} * ' + str(SLOW_FRACTION) + ' )) -lt "$best" ]; then',
+        '            why[$node]="compute ${rate[$node]} Mflop/s, below half of $best_node\'s $best${why[$node]:+; ${why[$node]}}"',
         "        fi",
         '        if [ -n "${why[$node]:-}" ]; then bad+=("$node"); else good+=("$node"); fi',
         "    done",

@@ -220,6 +220,16 @@ def test_fabric_check_names_layer_node_and_cause_when_rdma_fell_back():
     assert fab.judge(checks, "") is None
 
 
+def test_an_infiniband_folder_without_an_hca_is_named_as_no_device():
+    """/dev/infiniband holding only rdma_cm, /sys/class/infiniband absent (the lent H100 machine):
+    an MPI layer that fell back to TCP is blamed on the missing device, not on the image."""
+    no_hca = {**NO_DEVICE, "dev_infiniband": True, "ib_devices": []}
+    checks = [transport_check("[mpi]", [{**obs(n, mpi=TCP_MPI), "devices": no_hca} for n in ("n1", "n2")])]
+    res = fab.judge(checks, "ib")
+    assert res["status"] == "fail" and "/sys/class/infiniband is empty" in res["detail"], res["detail"]
+    assert "provider library missing" not in res["detail"] and "built without" not in res["detail"]
+
+
 def bw_check(tag, busbw_gbps, hosts):
     return [{"name": "perf.allreduce" + tag, "status": "pass",
              "ranks": {"0": {"status": "pass", "data": {"sizes": [{"bytes": 16 << 20, "busbw_GBps": busbw_gbps}]}}}},

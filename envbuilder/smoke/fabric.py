@@ -401,6 +401,11 @@ def _cause(layer_name, layer, obs, kind):
     if kind in ("ib", "roce") and (not dev.get("dev_infiniband") or layer.get("no_ib_device")):
         return ("no RDMA device visible to the rank: /dev/infiniband absent (no HCA on the node, or "
                 "the container runtime does not pass /dev/infiniband in)")
+    if kind in ("ib", "roce") and not dev.get("ib_devices"):
+        # /dev/infiniband can hold rdma_cm alone with no HCA behind it (seen on the lent GPU
+        # machine, docs/gpu.md): no uverbs device, nothing in /sys/class/infiniband
+        return ("no RDMA device visible to the rank: /sys/class/infiniband is empty (/dev/infiniband "
+                "holds no HCA's device: no HCA on the node, or the runtime passes only part of it in)")
     if kind == "slingshot" and not dev.get("cxi"):
         return "no Slingshot device visible in the container: /dev/cxi* absent"
     if kind == "efa" and not dev.get("efa"):

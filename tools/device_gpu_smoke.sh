@@ -42,21 +42,7 @@ for img in images/*/job.sbatch; do
 done
 
 echo "== manifest from the host's torch"
-"$PY" - "$OUT/manifest.json" <<'PY'
-import json, sys, torch
-gpu = torch.cuda.is_available()
-nccl = ".".join(map(str, torch.cuda.nccl.version())) if gpu else None
-v = torch.backends.cudnn.version() or 0
-cudnn = (str(v // 10000) if v >= 90000 else str(v // 1000)) if gpu and v else None
-expect = {"python": "%d.%d" % sys.version_info[:2],
-          "framework": {"name": "pytorch", "module": "torch", "version": torch.__version__.split("+")[0],
-                        "distribution": "torch"},
-          "horovod": None, "mpi": None, "cuda": torch.version.cuda, "cudnn": cudnn, "nccl": nccl,
-          "gpu": True, "packages": {}, "distributed": {"kind": "torch", "backend": "nccl", "launcher": "srun"}}
-json.dump({"schema": "envbuilder.manifest/1", "name": "device-host-torch", "expect": expect},
-          open(sys.argv[1], "w"), indent=1)
-print(json.dumps(expect))
-PY
+"$PY" tools/host_torch_manifest.py "$OUT/manifest.json" --name device-host-torch
 
 run_suite() {   # NAME RANKS FABRIC [args]
     local name=$1 ranks=$2 fab=$3; shift 3

@@ -50,19 +50,7 @@ echo "horovod compiled in $(( $(date +%s) - t0 )) s"
 export PYTHONPATH=/tmp/hvd${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/hvd/bin:$PATH
 horovodrun --check-build
 
-"$PY" - "$OUT/manifest.json" <<'PY'
-import json, sys, torch
-v = torch.backends.cudnn.version()
-expect = {"python": "%d.%d" % sys.version_info[:2],
-          "framework": {"name": "pytorch", "module": "torch", "version": torch.__version__.split("+")[0],
-                        "distribution": "torch"},
-          "horovod": {"version": "0.28.1", "frameworks": ["pytorch"], "controllers": ["gloo"],
-                      "operations": ["nccl", "gloo"]},
-          "mpi": None, "cuda": torch.version.cuda, "cudnn": str(v // 10000 if v >= 90000 else v // 1000),
-          "nccl": ".".join(map(str, torch.cuda.nccl.version())), "gpu": True, "packages": {}}
-json.dump({"schema": "envbuilder.manifest/1", "name": "device-host-torch-horovod", "expect": expect},
-          open(sys.argv[1], "w"), indent=1)
-PY
+"$PY" tools/host_torch_manifest.py "$OUT/manifest.json" --name device-host-torch-horovod --horovod-ops nccl,gloo
 SMOKE=$(mktemp -d); cp -r envbuilder/smoke "$SMOKE/envbuilder_smoke"
 ( cd "$SMOKE" && ENVBUILDER_FABRIC=tcp timeout 240 "$PY" -m envbuilder_smoke --manifest "$OUT/manifest.json" \
     --ranks 1 --launcher gloo --report "$OUT/report-horovod.json" )

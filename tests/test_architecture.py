@@ -235,9 +235,11 @@ def test_every_shell_script_of_the_repository_passes_shellcheck():
     root = PKG.parent
     exe = shutil.which("shellcheck")
     assert exe, "shellcheck must be installed (.ci/install-system.sh)"
+    def shebang(p: Path) -> bytes:
+        return p.read_bytes()[:40].split(b"\n")[0].rstrip() if p.is_file() else b""
+
     scripts = sorted(p for folder in (".ci", "tools") for p in (root / folder).iterdir()
-                     if p.is_file() and p.read_bytes()[:40].split(b"\n")[0].startswith(b"#!")
-                     and p.read_bytes()[:40].split(b"\n")[0].rstrip().endswith((b"sh", b"bash")))
+                     if (line := shebang(p)).startswith(b"#!") and line.endswith((b"sh", b"bash")))
     assert len(scripts) >= 10, scripts          # the scan itself still finds them
     r = subprocess.run([exe, "-S", "warning", *map(str, scripts)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:]

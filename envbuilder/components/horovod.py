@@ -67,13 +67,13 @@ def patches(stack: Stack) -> list[tuple[str, dict]]:
     if not hv or stack.horovod_from_base:
         return []
     out = []
+    gcc = (stack.catalog.os(stack.os_name) or {}).get("gcc")      # the base's g++ (None: not in the catalog)
     for name, patch in sorted(stack.catalog.patches().items()):
         applies = patch["applies"]
         if not satisfies(hv.version, applies["horovod"]):
             continue
         if "cuda" in applies and not (stack.spec.cuda and satisfies(stack.spec.cuda.version, applies["cuda"])):
             continue
-        gcc = (stack.catalog.os(stack.os_name) or {}).get("gcc")
         if "gcc" in applies and not (gcc and satisfies(gcc, applies["gcc"])):
             continue        # a base the catalog does not know keeps the released sources' build
         families = [k for k in ("pytorch", "tensorflow") if k in applies]

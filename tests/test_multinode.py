@@ -223,7 +223,8 @@ def test_the_wrong_interface_under_horovod_mpi_is_named_not_a_hang(cluster, shar
     r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "20",
                              env={"NCCL_SOCKET_IFNAME": "mgmt0"})
     assert r.code == 1, r.out[-2000:]
-    init = checks(report)["horovod.init[mpi]"]
+    init = checks(report).get("horovod.init[mpi]")
+    assert init is not None, r.out[-3000:]
     assert init["status"] == "fail" and "at 'hvd.init()'" in init["detail"], init
     assert "check the interface setting" in init["detail"]
     assert re.search(r"^horovod\.init\[mpi\] +FAIL", r.out, re.M)

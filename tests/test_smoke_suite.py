@@ -219,6 +219,51 @@ def test_inside_srun_step_a_crash_is_reported_before_slurm_cancels_the_step(tmp_
     assert ar["status"] == "fail" and ar["figure"] == "rank 1 crashed"
 
 
+def test_inside_srun_step_a_step_slurm_stops_still_reports_where_each_rank_was(tmp_path):
+    # Slurm stops a step with SIGTERM (after a killed MPI rank, at the time limit, on scancel):
+    # rank 0 still writes the report: the run in flight named where its ranks were, the runs
+    # after it skipped with the reason; verify then prints these, not "ended without a report"
+    if not shutil.which("srun") or not shutil.which("scancel"):
+        pytest.skip("no Slurm here (srun/scancel missing)")
+    name = f"envbuilder-test-stop-{os.getpid()}"
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest("pytorch")))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LANG": "C.UTF-8", "ENVBUILDER_SMOKE_FAULT": "hang:1"}
+    report_file = tmp_path / "report.json"
+    work = tmp_path / "work"
+    proc = subprocess.Popen(["srun", "--immediate=60", f"--job-name={name}", "-n", "2", "--mpi=pmix",
+                             PY, "-m", "envbuilder.smoke", "--launcher", "srun", "--skip-static",
+                             "--manifest", str(tmp_path / "manifest.json"), "--timeout", "300",
+                             "--workdir", str(work), "--report", str(report_file)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 120
+        hung = list(work.glob("run0-*/rank-1.json"))
+        while time.time() < deadline and not (hung and "fault injected" in hung[0].read_text()):
+            time.sleep(0.5)
+            hung = list(work.glob("run0-*/rank-1.json"))
+        assert hung and "fault injected" in hung[0].read_text(), proc.poll()
+        t0 = time.time()
+        subprocess.run(["scancel", "--signal=TERM", f"--name={name}"], check=True, timeout=30)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            subprocess.run(["scancel", f"--name={name}"], timeout=30)
+            proc.kill()
+    assert time.time() - t0 < 30                    # not the suite's 300 s timeout
+    assert report_file.is_file(), err[-3000:]
+    report = json.loads(report_file.read_text())
+    assert report["ok"] is False
+    c = by_name(report)
+    launch = c["launch.pytorch[mpi]"]
+    assert launch["status"] == "fail" and "the srun step was stopped by SIGTERM" in launch["detail"], launch
+    ar = c["allreduce.exact[mpi]"]
+    assert ar["status"] == "fail", ar
+    assert "rank 1 " in ar["detail"] and "fault injected: hang" in ar["detail"], ar
+    assert c["horovod.init[mpi]"]["status"] == "pass"          # what ran before the stop is kept
+    gloo = c["launch.pytorch[gloo]"]
+    assert gloo["status"] == "skip" and gloo["detail"].startswith("not run: the srun step was stopped"), gloo
+
+
 def test_gpu_checks_logic_runs_on_cpu_through_the_test_hook(tmp_path):
     """No GPU here: a test hook makes the PyTorch side treat the CPU as the GPU, so the GPU
     checks' own logic (device list, rank->GPU map, NCCL evidence, mixed precision) runs. NCCL

@@ -111,7 +111,7 @@ def execute_in_step(run, args, expect, manifest_path, workdir, rank, extra_env=N
     this task's rank on top of run_env's (the gloo controller's slot, gloo_step.py)."""
     run.workdir = workdir
     os.makedirs(workdir, exist_ok=True)
-    events = {}
+    events = run.events = {}     # a report made on SIGTERM (launcher._report_on_stop) reads it too
     run.command = [sys.executable, "-m", PACKAGE + ".rank"] + worker_args_for(run, args, manifest_path,
                                                                              workdir)
     env = run_env(run, args, expect)

@@ -33,7 +33,7 @@ from .mpi_library import collect as collect_mpi, merge as merge_mpi, write_recor
 from . import mpi_probe
 from .plan import PACKAGE, log, plan_runs
 from .report import finish, no_runs_result
-from .watch import ACTIVE, install_signal_handlers, read_ranks, stop_run
+from .watch import ACTIVE, LAST_WORDS, collect, install_signal_handlers, read_ranks, stop_run
 
 
 DEFAULT_MANIFEST = "/opt/envbuilder/manifest.json"
@@ -108,6 +108,10 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
             checks.extend(mpi_probe.merge(mpi_probe.collect(pwd, size, wait_s=args.timeout), size, expect["mpi"],
                                           os.environ.get(SITE_MPI_ENV) or None))
     run_records = []
+    current = {"run": None, "wd": None, "next": 0, "reported": False}
+    if rank == 0:
+        LAST_WORDS.append(lambda signame: _report_on_stop(signame, args, manifest, manifest_path, checks,
+                                                          run_records, runs, current, t_start, size, base))
     if not runs:
         checks.append(no_runs_result(expect))
     hv = expect.get("horovod") or {}
@@ -117,6 +121,7 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
                              "controller; the manifest builds only %s" % ", ".join(built)))
         runs = []
     for i, run in enumerate(runs):
+        current["next"] = i + 1
         run.ranks = size
         run.launcher = "srun-step"
         wd = os.path.join(base, "run%d-%s-%s" % (i, run.framework, run.controller))
@@ -150,14 +155,16 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
                         wait_for_done(wd, args.timeout + 60)   # rank 0 names this rank as never started
                     continue
             else:
+                current.update(run=run, wd=wd, t0=time.time())
                 states, exits, events = execute_in_step(run, args, expect, manifest_path, wd, rank,
                                                         extra_env=extra)
         finally:
             if rdv is not None:
                 rdv.stop()
         if rank == 0:
-            checks.append(launch_check(run, events, log_tail=not run.killed.endswith("crashed")))
-            checks.extend(merge_run(run, states, exits, events))
+            checks.extend([launch_check(run, events, log_tail=not run.killed.endswith("crashed"))]
+                          + merge_run(run, states, exits, events))
+            current["run"] = None
             run_records.append({"framework": run.framework, "controller": run.controller,
                                 "launcher": run.launcher, "ranks": run.ranks, "workdir": wd,
                                 "wall_s": round(run.wall_s, 2), "returncode": run.returncode,
@@ -169,6 +176,7 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
                 # the step is being torn down: report now, try nothing more
                 code = finish(args, manifest, manifest_path, checks, run_records, t_start,
                               launcher="srun (in step, %d tasks)" % size, ranks=size, workdir=wd)
+                current["reported"] = True
                 for proc, pwd, _n in list(ACTIVE):
                     if proc.poll() is None:
                         st, ex = read_ranks(pwd, size)
@@ -184,8 +192,38 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
     add_fabric_checks(checks)
     if not args.keep and not args.workdir:
         shutil.rmtree(base, ignore_errors=True)
-    return finish(args, manifest, manifest_path, checks, run_records, t_start,
+    code = finish(args, manifest, manifest_path, checks, run_records, t_start,
                   launcher="srun (in step, %d tasks)" % size, ranks=size, workdir=base)
+    current["reported"] = True
+    return code
+
+
+def _report_on_stop(signame, args, manifest, manifest_path, checks, run_records, runs, current, t_start,
+                    size, base):
+    """Rank 0 of an srun step told to stop (Slurm cancels a step soon after a killed MPI rank; the
+    job's time limit; scancel): the report of what ran so far, the run in flight named as stopped
+    where its ranks were, the runs not started skipped. Without it verify could only say that the
+    job ended without a report."""
+    if current["reported"]:
+        return
+    current["reported"] = True
+    why = "the srun step was stopped by %s (Slurm stops a step after a killed MPI rank, at the " \
+          "job's time limit, or on scancel)" % signame
+    out = list(checks)
+    run = current["run"]
+    if run is not None and not any(c["name"] == launch_check(run, {})["name"] for c in out):
+        run.killed = run.killed or why
+        run.wall_s = run.wall_s or (time.time() - current["t0"])
+        states, exits, events = collect(run, current["wd"], dict(run.events), wait=0.0)
+        out.append(launch_check(run, events, log_tail=False))
+        out.extend(merge_run(run, states, exits, events))
+        run_records.append({"framework": run.framework, "controller": run.controller,
+                            "launcher": run.launcher, "ranks": run.ranks, "workdir": current["wd"],
+                            "killed": run.killed, "events": {str(k): v for k, v in events.items()}})
+    for later in runs[current["next"]:]:
+        out.append(result(launch_check(later, {})["name"], SKIP, "not run: %s" % why))
+    finish(args, manifest, manifest_path, out, run_records, t_start,
+           launcher="srun (in step, %d tasks)" % size, ranks=size, workdir=base)
 
 
 def add_fabric_checks(checks):

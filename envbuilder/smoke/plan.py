@@ -44,6 +44,7 @@ class Run(object):
         self.log_path = ""
         self.workdir = ""
         self.ranks = 0
+        self.events = {}                  # rank -> what happened to it (crash, hang, ...), in a step
 
 
 def distributed_kind(expect):

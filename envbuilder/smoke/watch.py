@@ -19,15 +19,29 @@ GRACE_S = 5.0
 
 ACTIVE = []   # (Popen, workdir, ranks) of runs in flight: stopped if the launcher is told to stop
 
+LAST_WORDS = []   # callables(signal name) run once the ranks are down: a report of what ran so far
+
+_STOPPING = []
+
 
 def _on_terminate(signum, _frame):
     """The launcher is being stopped (verify's timeout, Ctrl-C, srun tearing the step down):
-    take the ranks down with it instead of leaving them orphaned."""
+    take the ranks down with it instead of leaving them orphaned, then say what ran (LAST_WORDS:
+    the in-step rank 0 writes its report, so a step Slurm cancels still tells where it was)."""
+    if _STOPPING:        # a second signal while the first is handled
+        return
+    _STOPPING.append(signum)
     for proc, workdir, ranks in list(ACTIVE):
         if proc.poll() is None:
             states, exits = read_ranks(workdir, ranks)
             stop_run(proc, states, exits, grace=1.0)
+    for words in list(LAST_WORDS):
+        try:
+            words(signal_name(signum))
+        except Exception as exc:   # the exit below must happen whatever the report does
+            sys.stderr.write("[smoke] no report on %s: %s\n" % (signal_name(signum), exc))
     sys.stderr.write("[smoke] stopped by %s\n" % signal_name(signum))
+    sys.stderr.flush()
     os._exit(128 + signum)
 
 

@@ -123,6 +123,7 @@ class Bench:
         self.cli = docker_cli()
         self.env = dict(os.environ, DOCKER_BUILDKIT="1")
         self.py = sys.executable
+        self.said_no_host: set[str] = set()
 
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')} load {load():5.2f}] {msg}", file=sys.stderr, flush=True)
@@ -273,19 +274,34 @@ class Bench:
         self.log(f"{stack}/{builder}: verify x{self.args.repeat}" + (", each followed by a host run"
                                                                       if builder == "envbuilder" else ""))
         out["verify"], out["host"] = [], []
+        on_host = builder == "envbuilder" and self.host_binding(stack)
         for _ in range(self.args.repeat):      # host runs interleaved: load drift hits both alike
             out["verify"].append(self.verify(tag, stack, log))
-            if builder == "envbuilder":
+            if on_host:
                 out["host"].append(self.verify(None, stack, self.work / f"{stack}-host.log", host=True))
         out["overhead"] = self.overhead(tag, stack, log)
         if not self.args.keep_images:
             self.rmi(tag)
         return out
 
-    def overhead(self, tag: str, stack: str, log: Path) -> dict:
+    def host_binding(self, stack: str) -> bool:
+        """Whether the host environment has this stack's Horovod binding: .ci/make-smoke-venv.sh
+        takes Horovod from the cpu-torch image (PyTorch binding only), so the tf stack has no host
+        side, hence no overhead figure (said once)."""
+        module = "horovod.torch" if stack == "torch" else "horovod.tensorflow"
+        ok = subprocess.run([HOST_PYTHON, "-c", f"import {module}"], capture_output=True).returncode == 0
+        if not ok and stack not in self.said_no_host:
+            self.said_no_host.add(stack)
+            self.log(f"{stack}: {HOST_PYTHON} has no {module}: no host runs, no container overhead figure")
+        return ok
+
+    def overhead(self, tag: str, stack: str, log: Path) -> dict | None:
         """The smoke training's step time in the container against the host, in pairs run back to
         back in ABBA order (container-host, host-container, ...), so that load that drifts during
-        the pairs hits both sides alike. mpirun only: a pair takes about 15 s here."""
+        the pairs hits both sides alike. mpirun only: a pair takes about 15 s here. None: the host
+        has no Horovod binding for this stack."""
+        if not self.host_binding(stack):
+            return None
         n = self.args.overhead_pairs
         self.log(f"{stack}: container overhead, {n} pairs")
         host_log = self.work / f"{stack}-host.log"
@@ -299,7 +315,7 @@ class Bench:
             pairs.append({"container_ms": sides["container"], "host_ms": sides["host"]})
         return {"launcher": "mpi", "pairs": pairs, **overhead_figures(pairs)}
 
-    def overhead_of_cached(self, stack: str, builder: str) -> dict:
+    def overhead_of_cached(self, stack: str, builder: str) -> dict | None:
         """Rebuild the image of an earlier run from the cache (its last pin) and measure the overhead."""
         log = self.work / f"{stack}-{builder}.log"
         tag = f"envbuilder-bench/{stack}-{builder}:latest"

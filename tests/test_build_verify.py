@@ -57,7 +57,8 @@ def torch_image(tmp_path_factory, ca_bundle):
 @pytest.fixture(scope="module")
 def intel_tf_image(tmp_path_factory, ca_bundle):
     """The TensorFlow + Horovod image CI builds: intel-tensorflow 2.14 (one Horovod compile, as
-    cpu-tf's was; tensorflow-cpu 2.15.1 + Horovod runs on the host runtime, tests/test_smoke_suite.py)."""
+    cpu-tf's was). It is the suite's one Horovod under TensorFlow: the host environment has
+    Horovod's PyTorch binding only (.ci/make-smoke-venv.sh takes it from the cpu-torch image)."""
     out = tmp_path_factory.mktemp("intel-tf") / "cpu-intel-tf-debian"
     r = build(RECIPES / "cpu-intel-tf-debian.yaml", out, ca_bundle)
     assert r.code == 0, r.err[-3000:]
@@ -152,7 +153,32 @@ def test_verify_intel_tf_image_with_two_ranks(intel_tf_image, tmp_path):
             assert {k: seen["env"][k] for k in want} == want, seen
             assert seen["env"]["OMP_NUM_THREADS"] == seen["omp_expected"] and seen["onednn"] is True
         assert checks[f"train.tensorflow[{ctrl}]"]["status"] == "pass"
+        assert checks[f"horovod.init[{ctrl}]"]["figure"] == f"2 ranks, {ctrl} controller"
+        assert f"{ctrl.upper()}_ALLREDUCE" in checks[f"horovod.cpu_ops[{ctrl}]"]["figure"]
+        assert re.match(r"\d+ cases exact", checks[f"allreduce.exact[{ctrl}]"]["figure"])
     assert checks["horovod.operations"]["status"] == "pass"
+
+
+def test_a_thread_setting_that_does_not_reach_the_ranks_fails_naming_it(intel_tf_image, tmp_path):
+    """The image's manifest asks KMP_BLOCKTIME=200 while its environment (and job.sbatch) give the
+    ranks 0: env.cpu_threads fails on every rank, naming the variable and both values."""
+    out, info = intel_tf_image
+    tag = derive(info["tag"], "envbuilder-test/broken:kmp-blocktime",
+                 "sed -i 's/\"KMP_BLOCKTIME\": \"0\"/\"KMP_BLOCKTIME\": \"200\"/' /opt/envbuilder/manifest.json",
+                 tmp_path)
+    try:
+        report = tmp_path / "report.json"
+        r = verify("--image", tag, "--runtime", "docker", "--ranks", "2", "--report", str(report),
+                   "--timeout", "120")
+        assert r.code == 1, r.out + r.err[-2000:]
+        checks = report_checks(json.loads(report.read_text()))
+        for ctrl in ("mpi", "gloo"):
+            env = checks[f"env.cpu_threads[{ctrl}]"]
+            assert env["status"] == "fail", env
+            assert "KMP_BLOCKTIME=0, manifest/job.sbatch set 200" in env["detail"], env
+        assert checks["framework.onednn"]["status"] == "pass"
+    finally:
+        docker("rmi", "-f", tag, check=False)
 
 
 # --- broken images: verify must fail and name the check ----------------------------------------

@@ -123,7 +123,7 @@ class Bench:
         self.cli = docker_cli()
         self.env = dict(os.environ, DOCKER_BUILDKIT="1")
         self.py = sys.executable
-        self.said_no_host: set[str] = set()
+        self.host_bindings: dict[str, bool] = {}
 
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')} load {load():5.2f}] {msg}", file=sys.stderr, flush=True)
@@ -288,12 +288,13 @@ class Bench:
         """Whether the host environment has this stack's Horovod binding: .ci/make-smoke-venv.sh
         takes Horovod from the cpu-torch image (PyTorch binding only), so the tf stack has no host
         side, hence no overhead figure (said once)."""
-        module = "horovod.torch" if stack == "torch" else "horovod.tensorflow"
-        ok = subprocess.run([HOST_PYTHON, "-c", f"import {module}"], capture_output=True).returncode == 0
-        if not ok and stack not in self.said_no_host:
-            self.said_no_host.add(stack)
-            self.log(f"{stack}: {HOST_PYTHON} has no {module}: no host runs, no container overhead figure")
-        return ok
+        if stack not in self.host_bindings:
+            module = "horovod.torch" if stack == "torch" else "horovod.tensorflow"
+            ok = subprocess.run([HOST_PYTHON, "-c", f"import {module}"], capture_output=True).returncode == 0
+            if not ok:
+                self.log(f"{stack}: {HOST_PYTHON} has no {module}: no host runs, no container overhead figure")
+            self.host_bindings[stack] = ok
+        return self.host_bindings[stack]
 
     def overhead(self, tag: str, stack: str, log: Path) -> dict | None:
         """The smoke training's step time in the container against the host, in pairs run back to

@@ -27,7 +27,7 @@ from .gloo_step import GlooStepError, StepRendezvous
 from .launch import (execute_in_step, execute_run, slurm_step, step_workdir, stop_file,
                      wait_for_done)
 from .fabric import floor_checks, judge as fabric_check
-from .merge import launch_check, merge_run, operations_check
+from .merge import launch_check, launch_name, merge_run, operations_check
 from .mpi_library import SITE_ENV as SITE_MPI_ENV
 from .mpi_library import collect as collect_mpi, merge as merge_mpi, write_record as write_mpi_record
 from . import mpi_probe
@@ -108,7 +108,7 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
             checks.extend(mpi_probe.merge(mpi_probe.collect(pwd, size, wait_s=args.timeout), size, expect["mpi"],
                                           os.environ.get(SITE_MPI_ENV) or None))
     run_records = []
-    current = {"run": None, "wd": None, "next": 0, "reported": False}
+    current = {"run": None, "t0": 0.0, "next": 0, "reported": False}
     if rank == 0:
         LAST_WORDS.append(lambda signame: _report_on_stop(signame, args, manifest, manifest_path, checks,
                                                           run_records, runs, current, t_start, size, base))
@@ -128,7 +128,7 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
         if os.path.exists(stop_file(base)):
             # an earlier run in this step was killed: Slurm may cancel the step any moment
             if rank == 0:
-                checks.append(result(launch_check(run, {})["name"], SKIP,
+                checks.append(result(launch_name(run), SKIP,
                                      "not run: an earlier run in this srun step was stopped (%s); "
                                      "Slurm's PMIx cancels a step after a killed MPI rank"
                                      % open(stop_file(base)).read().strip()))
@@ -155,7 +155,7 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
                         wait_for_done(wd, args.timeout + 60)   # rank 0 names this rank as never started
                     continue
             else:
-                current.update(run=run, wd=wd, t0=time.time())
+                current.update(run=run, t0=time.time())
                 states, exits, events = execute_in_step(run, args, expect, manifest_path, wd, rank,
                                                         extra_env=extra)
         finally:
@@ -165,11 +165,7 @@ def main_in_step(args, manifest, manifest_path, step, t_start):
             checks.extend([launch_check(run, events, log_tail=not run.killed.endswith("crashed"))]
                           + merge_run(run, states, exits, events))
             current["run"] = None
-            run_records.append({"framework": run.framework, "controller": run.controller,
-                                "launcher": run.launcher, "ranks": run.ranks, "workdir": wd,
-                                "wall_s": round(run.wall_s, 2), "returncode": run.returncode,
-                                "killed": run.killed,
-                                "events": {str(k): v for k, v in events.items()}})
+            run_records.append(_run_record(run, wd, events))
             if rdv is not None and rdv.info.get("slots"):
                 run_records[-1]["rendezvous"] = rdv.describe()
             if run.killed.endswith("crashed"):
@@ -211,19 +207,25 @@ def _report_on_stop(signame, args, manifest, manifest_path, checks, run_records,
           "job's time limit, or on scancel)" % signame
     out = list(checks)
     run = current["run"]
-    if run is not None and not any(c["name"] == launch_check(run, {})["name"] for c in out):
+    if run is not None and not any(c["name"] == launch_name(run) for c in out):
         run.killed = run.killed or why
         run.wall_s = run.wall_s or (time.time() - current["t0"])
-        states, exits, events = collect(run, current["wd"], dict(run.events), wait=0.0)
+        states, exits, events = collect(run, run.workdir, dict(run.events), wait=0.0)
         out.append(launch_check(run, events, log_tail=False))
         out.extend(merge_run(run, states, exits, events))
-        run_records.append({"framework": run.framework, "controller": run.controller,
-                            "launcher": run.launcher, "ranks": run.ranks, "workdir": current["wd"],
-                            "killed": run.killed, "events": {str(k): v for k, v in events.items()}})
+        run_records.append(_run_record(run, run.workdir, events))
     for later in runs[current["next"]:]:
-        out.append(result(launch_check(later, {})["name"], SKIP, "not run: %s" % why))
+        out.append(result(launch_name(later), SKIP, "not run: %s" % why))
     finish(args, manifest, manifest_path, out, run_records, t_start,
            launcher="srun (in step, %d tasks)" % size, ranks=size, workdir=base)
+
+
+def _run_record(run, workdir, events):
+    """A run of an srun step as the report's `runs` lists it."""
+    return {"framework": run.framework, "controller": run.controller, "launcher": run.launcher,
+            "ranks": run.ranks, "workdir": workdir, "wall_s": round(run.wall_s, 2),
+            "returncode": run.returncode, "killed": run.killed,
+            "events": {str(k): v for k, v in events.items()}}
 
 
 def add_fabric_checks(checks):

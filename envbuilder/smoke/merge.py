@@ -130,8 +130,12 @@ def _fold(name, got):
     return res
 
 
+def launch_name(run):
+    return "launch.%s%s" % (framework_key(run.framework), run.tag)
+
+
 def launch_check(run, events, log_tail=True):
-    name = "launch.%s%s" % (framework_key(run.framework), run.tag)
+    name = launch_name(run)
     cmd = " ".join(shlex.quote(c) for c in run.command)
     if run.start_error:
         return result(name, FAIL, run.start_error, "not started")

@@ -209,6 +209,18 @@ def test_inside_srun_step_every_task_is_a_rank(tmp_path):
     assert checks["allreduce.exact[gloo]"]["status"] == "pass"
 
 
+def test_inside_srun_step_rank_0_waits_for_its_own_rank_to_exit_after_the_run_ended(tmp_path):
+    # CI, stop 29: on a loaded node rank 0's wrapper was still exiting after writing its exit
+    # record; task 0 stopped it with SIGTERM and failed a run that had passed ("launcher killed
+    # by SIGTERM"). The linger fault keeps that wrapper 4 s after its record.
+    proc, report = _srun(tmp_path, manifest("pytorch"), "--skip-static", "--timeout", "60",
+                         env={"ENVBUILDER_SMOKE_FAULT": "linger:0"})
+    failed = {c["name"]: c.get("detail", "")[:300] for c in report["checks"] if c["status"] == "fail"}
+    assert proc.returncode == 0 and not failed, failed
+    assert report["fault"] == "linger:0"
+    assert by_name(report)["allreduce.exact[mpi]"]["status"] == "pass"
+
+
 def test_inside_srun_step_a_crash_is_reported_before_slurm_cancels_the_step(tmp_path):
     proc, report = _srun(tmp_path, manifest("pytorch"), "--skip-static", "--timeout", "30",
                          env={"ENVBUILDER_SMOKE_FAULT": "crash:1"})

@@ -20,7 +20,9 @@ FAIL = "fail"
 SKIP = "skip"
 
 # Test hook (not a user option): ENVBUILDER_SMOKE_FAULT=KIND:RANK[:CHECK]
-# KIND is hang or crash; CHECK a check-name prefix (default: the first allreduce check).
+# KIND is hang or crash (the worker, at the start of CHECK, a check-name prefix; default: the
+# first allreduce check) or linger (the rank wrapper stays 4 s after writing its exit record, as
+# a descheduled process on a loaded node does).
 FAULT_ENV = "ENVBUILDER_SMOKE_FAULT"
 
 FRAMEWORK_MODULES = {
@@ -221,11 +223,11 @@ def threads_per_rank(local_ranks):
 
 
 def parse_fault(spec):
-    """'hang:1' -> ('hang', 1, None); 'crash:0:train' -> ('crash', 0, 'train')."""
+    """'hang:1' -> ('hang', 1, None); 'crash:0:train' -> ('crash', 0, 'train'); 'linger:0'."""
     if not spec:
         return None
     parts = spec.split(":")
-    if len(parts) < 2 or parts[0] not in ("hang", "crash"):
+    if len(parts) < 2 or parts[0] not in ("hang", "crash", "linger"):
         return None
     try:
         rank = int(parts[1])

@@ -34,14 +34,8 @@ def execute_run(run, args, expect, manifest_path, workdir):
             run.start_error = "cannot start %s: %s" % (run.command[0], exc)
             return {}, {}, events
         ACTIVE.append((proc, workdir, run.ranks))
-        reason = watch(run, workdir, args.timeout, lambda: proc.poll() is None, t0, events)
-        if reason == "all ranks ended":
-            # give the launcher a moment to exit by itself
-            try:
-                proc.wait(timeout=GRACE_S)
-                reason = ""
-            except subprocess.TimeoutExpired:
-                reason = "launcher did not exit after all ranks ended"
+        reason = _let_it_exit(proc, watch(run, workdir, args.timeout, lambda: proc.poll() is None, t0,
+                                          events))
         run.wall_s = time.time() - t0
         if proc.poll() is None:
             run.killed = reason
@@ -49,6 +43,18 @@ def execute_run(run, args, expect, manifest_path, workdir):
         run.returncode = proc.returncode
         ACTIVE.remove((proc, workdir, run.ranks))
     return collect(run, workdir, events)
+
+
+def _let_it_exit(proc, reason):
+    """After watch() said every rank ended: give the launched process a moment to exit by itself.
+    Returns the reason to stop it ('' when it exited)."""
+    if reason != "all ranks ended":
+        return reason
+    try:
+        proc.wait(timeout=GRACE_S)
+        return ""
+    except subprocess.TimeoutExpired:
+        return "launcher did not exit after all ranks ended"
 
 
 def slurm_step():
@@ -132,6 +138,9 @@ def execute_in_step(run, args, expect, manifest_path, workdir, rank, extra_env=N
             # Slurm's PMIx plugin cancels the whole step about a second after a rank dies:
             # report a crash at once, before that SIGKILL arrives
             reason = watch(run, workdir, args.timeout, lambda: True, t0, events, crash_grace=0.0)
+            # every rank wrote its exit record: this task's own rank may still be exiting (a
+            # loaded node, the interpreter's shutdown); stopping it now would fail a run that passed
+            reason = _let_it_exit(proc, reason)
             if reason.endswith("crashed"):
                 run.killed = reason
                 run.wall_s = time.time() - t0

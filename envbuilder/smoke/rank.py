@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from .common import describe_exit, env_rank, exit_file, pmi_pass_fds, write_json_atomic
+from .common import FAULT_ENV, describe_exit, env_rank, exit_file, parse_fault, pmi_pass_fds, write_json_atomic
 
 
 def main(argv=None):
@@ -72,6 +72,8 @@ def main(argv=None):
         write_json_atomic(exit_file(workdir, rank), record)
     except OSError:
         pass
+    if parse_fault(os.environ.get(FAULT_ENV, "")) == ("linger", rank, None):
+        time.sleep(4.0)         # test hook: more than stop_run's grace, less than GRACE_S
     if code < 0:
         return 128 - code
     return code

@@ -138,7 +138,7 @@ class Ctx(object):
             return
         kind, rank, prefix = self.fault
         prefix = prefix or "allreduce.exact"
-        if rank != self.progress.rank or not check.startswith(prefix):
+        if kind == "linger" or rank != self.progress.rank or not check.startswith(prefix):
             return
         # the rank stops before the check's first collective: its progress counter stays
         # behind the other ranks' (that is how the launcher tells the stuck rank)

@@ -24,12 +24,12 @@ def _names():
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
-    from conftest import run_envbuilder
+    from conftest import run_envbuilder_in_process
 
     root = tmp_path_factory.mktemp("render")
     out = {}
     for preset, name in _names().items():
-        r = run_envbuilder("build", str(preset), "--no-build", "--out", str(root / name))
+        r = run_envbuilder_in_process("build", str(preset), "--no-build", "--out", str(root / name))
         assert r.code == 0, r.err
         out[preset.stem] = root / name
     return out

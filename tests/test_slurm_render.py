@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES, ROOT
+from conftest import RECIPES, ROOT, run_envbuilder_in_process
 
 RUNTIMES = ("apptainer", "singularity", "charliecloud", "pyxis", "host")
 
@@ -39,9 +39,11 @@ cluster:
 """
 
 
-def render(cli, tmp_path: Path, spec: Path, *args: str) -> str:
+def render(tmp_path: Path, spec: Path, *args: str) -> str:
+    """job.sbatch as `envbuilder build --no-build` writes it (in this process: most tests here
+    render several, and a new interpreter per render was most of this module's time)."""
     out = tmp_path / ("out-" + "-".join(a.strip("-").replace("/", "_") for a in args))
-    r = cli("build", str(spec), "--no-build", "--out", str(out), *args)
+    r = run_envbuilder_in_process("build", str(spec), "--no-build", "--out", str(out), *args)
     assert r.code == 0, r.err
     return (out / "job.sbatch").read_text()
 
@@ -56,15 +58,15 @@ def shellcheck(text: str, tmp_path: Path) -> str:
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_every_runtime_with_every_option_passes_shellcheck(cli, write_spec, tmp_path, runtime):
-    text = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", runtime)
+def test_every_runtime_with_every_option_passes_shellcheck(write_spec, tmp_path, runtime):
+    text = render(tmp_path, write_spec(EVERYTHING), "--runtime", runtime)
     assert shellcheck(text, tmp_path) == ""
-    plain = render(cli, tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", runtime)
+    plain = render(tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", runtime)
     assert shellcheck(plain, tmp_path) == ""
 
 
-def test_apptainer_runs_each_rank_in_the_image_with_gpus_and_checked_binds(cli, write_spec, tmp_path):
-    text = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", "apptainer")
+def test_apptainer_runs_each_rank_in_the_image_with_gpus_and_checked_binds(write_spec, tmp_path):
+    text = render(tmp_path, write_spec(EVERYTHING), "--runtime", "apptainer")
     assert 'launch=(apptainer exec --nv --home "$HOME" "${runtime_args[@]}" "$IMAGE")' in text
     assert 'runtime_args+=(--bind "$b")' in text
     assert "srun --mpi=pmix --kill-on-bad-exit=1 --gpu-bind=none" in text
@@ -73,19 +75,19 @@ def test_apptainer_runs_each_rank_in_the_image_with_gpus_and_checked_binds(cli, 
     # bind sources with spaces and quotes are quoted once, for the shell
     assert "add_bind '/data/my set:/data:ro' cluster.binds" in text
     assert "add_bind '/scratch/it'\"'\"'s here' cluster.binds" in text
-    singularity = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", "singularity")
+    singularity = render(tmp_path, write_spec(EVERYTHING), "--runtime", "singularity")
     assert "launch=(singularity exec --nv" in singularity
 
 
-def test_pyxis_hands_the_image_and_mounts_to_srun(cli, write_spec, tmp_path):
-    text = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", "pyxis")
+def test_pyxis_hands_the_image_and_mounts_to_srun(write_spec, tmp_path):
+    text = render(tmp_path, write_spec(EVERYTHING), "--runtime", "pyxis")
     assert '--container-image="$IMAGE" --container-mounts="$mounts" --no-container-mount-home' in text
     assert 'srun --mpi=pmix --kill-on-bad-exit=1 --gpu-bind=none "${runtime_args[@]}"' in text
     assert "launch=()" in text
 
 
-def test_environment_hygiene_threads_and_network(cli, write_spec, tmp_path):
-    text = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", "apptainer")
+def test_environment_hygiene_threads_and_network(write_spec, tmp_path):
+    text = render(tmp_path, write_spec(EVERYTHING), "--runtime", "apptainer")
     for line in ('export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"',
                  'export OMP_NUM_THREADS="$SRUN_CPUS_PER_TASK"',
                  "export PYTHONNOUSERSITE=1 LC_ALL=C.UTF-8 LANG=C.UTF-8",
@@ -98,23 +100,23 @@ def test_environment_hygiene_threads_and_network(cli, write_spec, tmp_path):
         assert line in text, line
     # rank 0 alone keeps the checkpoint / TensorBoard folders
     assert 'if [ "$RANK" != 0 ]; then unset CHECKPOINT_DIR TENSORBOARD_DIR; fi' in text
-    intel = render(cli, tmp_path, RECIPES / "cpu-intel-tf.yaml")
+    intel = render(tmp_path, RECIPES / "cpu-intel-tf.yaml")
     assert "KMP_AFFINITY=granularity=fine,compact,1,0" in intel and "TF_ENABLE_ONEDNN_OPTS=1" in intel
 
 
-def test_sweep_becomes_a_job_array_with_values_and_folders(cli, write_spec, tmp_path):
-    text = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", "host")
+def test_sweep_becomes_a_job_array_with_values_and_folders(write_spec, tmp_path):
+    text = render(tmp_path, write_spec(EVERYTHING), "--runtime", "host")
     assert "#SBATCH --array=0-5" in text and "#SBATCH --output=%x-%A_%a.out" in text
     assert "    0) BATCH=32 LR=0.1 ;;" in text and "    5) BATCH=128 LR=0.01 ;;" in text
     assert "export BATCH LR" in text
     assert "task-${SLURM_ARRAY_TASK_ID:-0}" in text
     # the command line replaces a name of the spec's grid and adds new ones
-    over = render(cli, tmp_path, write_spec(EVERYTHING), "--sweep", "lr=1e-3", "--sweep", "seed=1,2")
+    over = render(tmp_path, write_spec(EVERYTHING), "--sweep", "lr=1e-3", "--sweep", "seed=1,2")
     assert "#SBATCH --array=0-5" in over and "    5) BATCH=128 LR=1e-3 SEED=2 ;;" in over
 
 
-def test_staging_and_monitoring_lines(cli, write_spec, tmp_path):
-    text = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", "charliecloud")
+def test_staging_and_monitoring_lines(write_spec, tmp_path):
+    text = render(tmp_path, write_spec(EVERYTHING), "--runtime", "charliecloud")
     assert "STAGE_SRC=/scratch/datasets/cifar" in text
     assert 'ENVBUILDER_DATA="$JOB_LOCAL/data/$(basename "$STAGE_SRC")"' in text
     assert "stage_data() {" in text and '--ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none bash -c node_step' in text
@@ -122,28 +124,28 @@ def test_staging_and_monitoring_lines(cli, write_spec, tmp_path):
     assert "ssh -N -L $TB_PORT:127.0.0.1:$TB_PORT -J" in text
     assert "--host 127.0.0.1" in text
     assert 'HOROVOD_TIMELINE="$OUTPUT_DIR/horovod-timeline.json"' in text
-    plain = render(cli, tmp_path, RECIPES / "cpu-torch.yaml")
+    plain = render(tmp_path, RECIPES / "cpu-torch.yaml")
     assert 'if [ "${ENVBUILDER_TENSORBOARD:-0}" = 1 ]' in plain and "stage_data" not in plain
 
 
-def test_same_spec_gives_a_byte_identical_job_script(cli, write_spec, tmp_path):
+def test_same_spec_gives_a_byte_identical_job_script(write_spec, tmp_path):
     spec = write_spec(EVERYTHING)
-    a = render(cli, tmp_path / "a", spec, "--site", "example-gpu")
-    b = render(cli, tmp_path / "b", spec, "--site", "example-gpu")
+    a = render(tmp_path / "a", spec, "--site", "example-gpu")
+    b = render(tmp_path / "b", spec, "--site", "example-gpu")
     assert a == b
 
 
-def test_a_site_profile_sets_the_cluster_and_adds_binds(cli, write_spec, tmp_path):
-    text = render(cli, tmp_path, RECIPES / "gpu.yaml", "--site", "example-gpu")
+def test_a_site_profile_sets_the_cluster_and_adds_binds(write_spec, tmp_path):
+    text = render(tmp_path, RECIPES / "gpu.yaml", "--site", "example-gpu")
     for line in ("#SBATCH --partition=gpu", "#SBATCH --account=proj123", "#SBATCH --cpus-per-task=16",
                  "#SBATCH --mem-per-cpu=4G", "add_bind /scratch cluster.binds",
                  "add_bind /projects cluster.binds", "export NCCL_IB_HCA=mlx5",
                  "# Slurm job for tf-horovod-gpu (apptainer runtime)"):
         assert line in text, line
-    local = render(cli, tmp_path, RECIPES / "gpu.yaml", "--site", str(ROOT / "sites" / "local.yaml"))
+    local = render(tmp_path, RECIPES / "gpu.yaml", "--site", str(ROOT / "sites" / "local.yaml"))
     assert "#SBATCH --partition=debug" in local and "(charliecloud runtime)" in local
     # --runtime wins over the site
-    assert "(host runtime)" in render(cli, tmp_path, RECIPES / "gpu.yaml", "--site", "local", "--runtime", "host")
+    assert "(host runtime)" in render(tmp_path, RECIPES / "gpu.yaml", "--site", "local", "--runtime", "host")
 
 
 def test_bad_site_and_sweep_input_get_one_message_and_exit_2(cli, write_spec, tmp_path):
@@ -178,12 +180,12 @@ def task_epilog_of(job: str) -> str:
     return job[start:job.index("\nENVBUILDER_TASK_EPILOG\n", start) + 1]
 
 
-def test_the_task_epilog_removes_only_this_jobs_marked_or_emptied_folder(cli, write_spec, tmp_path):
+def test_the_task_epilog_removes_only_this_jobs_marked_or_emptied_folder(write_spec, tmp_path):
     """The file job.sbatch writes for `srun --task-epilog`, run by bash as slurmstepd runs it (no
     arguments, the step's environment): a marked folder goes whatever is in it; one a cut-short
     removal left empty goes; an unmarked folder with content, a link, a name that is not a job's
     folder are left; the job's PATH is not used."""
-    job = render(cli, tmp_path, write_spec(EVERYTHING), "--runtime", "host")
+    job = render(tmp_path, write_spec(EVERYTHING), "--runtime", "host")
     epilog = tmp_path / "epilog"
     epilog.write_text(task_epilog_of(job))
     epilog.chmod(0o700)
@@ -231,7 +233,7 @@ def test_who_removes_the_node_local_folder_follows_the_site_profile(cli, write_s
     spec = write_spec(EVERYTHING)
     # job (default): one step per node keeps the folder and removes it; the batch script traps
     # TERM/INT/HUP and cleans its own node; stale folders of ended jobs are swept
-    job = render(cli, tmp_path, spec, "--runtime", "host")
+    job = render(tmp_path, spec, "--runtime", "host")
     for line in ("trap \"trap '' USR1 TERM INT HUP; remove_job_local; exit 0\" USR1 TERM INT HUP",
                  "trap 'exit 143' TERM", "trap cleanup EXIT", "    trap '' TERM INT HUP",
                  'srun --overlap --kill-on-bad-exit=0 --task-epilog="$node_epilog" --ntasks-per-node=1',
@@ -247,7 +249,7 @@ def test_who_removes_the_node_local_folder_follows_the_site_profile(cli, write_s
     assert clean.index("trap '' TERM INT HUP") < clean.index("remove_job_local")
     assert job.index("trap cleanup EXIT") < job.index("\nmake_job_local\n")
     # slurm: the site's per-job folder; job.sbatch removes nothing itself and keeps no step
-    slurm = render(cli, tmp_path, spec, "--runtime", "host", "--site", str(site_file(tmp_path, local_cleanup="slurm")))
+    slurm = render(tmp_path, spec, "--runtime", "host", "--site", str(site_file(tmp_path, local_cleanup="slurm")))
     assert "remove_job_local" not in slurm and "sweep_stale" not in slurm
     assert "keeper_pid" not in slurm and "--overlap --kill-on-bad-exit=0" not in slurm and "task-epilog" not in slurm
     assert 'srun --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none bash -c node_step' in slurm
@@ -316,10 +318,10 @@ cluster: {nodes: 4, ntasks_per_node: 2, runtime: charliecloud, vet_min_nodes: 3}
 
 
 @pytest.mark.parametrize("launcher", ["srun", "torchrun"])
-def test_node_vetting_is_rendered_only_when_asked_and_reaches_the_ranks_step(cli, write_spec, tmp_path, launcher):
-    plain = render(cli, tmp_path, write_spec(VETTED.replace(", vet_min_nodes: 3", "").replace("LAUNCHER", launcher)))
+def test_node_vetting_is_rendered_only_when_asked_and_reaches_the_ranks_step(write_spec, tmp_path, launcher):
+    plain = render(tmp_path, write_spec(VETTED.replace(", vet_min_nodes: 3", "").replace("LAUNCHER", launcher)))
     assert "envbuilder_smoke.vet" not in plain and "rank_opts" not in plain and "RANK_NODES" not in plain
-    job = render(cli, tmp_path, write_spec(VETTED.replace("LAUNCHER", launcher)), "--runtime", "charliecloud")
+    job = render(tmp_path, write_spec(VETTED.replace("LAUNCHER", launcher)), "--runtime", "charliecloud")
     assert 'VET_MIN_NODES="${ENVBUILDER_VET_MIN_NODES:-3}"' in job
     assert '"${launch[@]}" python -m envbuilder_smoke.vet --local-ranks "$per_node"' in job
     # vetting runs after every node's set-up and before the ranks; the ranks' srun takes its options
@@ -335,18 +337,18 @@ def test_node_vetting_is_rendered_only_when_asked_and_reaches_the_ranks_step(cli
         assert shellcheck(job, tmp_path) == ""
 
 
-def test_pmix_modules_every_client_has_are_chosen_in_the_image_only_under_pmix(cli, tmp_path):
+def test_pmix_modules_every_client_has_are_chosen_in_the_image_only_under_pmix(tmp_path):
     """srun --mpi=pmix: of the modules Slurm's PMIx server offers, the client in the container gets
     native (psec) and hash (gds), never a list with munge it may lack; a value the image set is
     kept; not for the host runtime, nor a stack launched with another plugin. Run by bash."""
     lines = ('    if [ -z "${PMIX_MCA_psec:-}" ]; then case ",${PMIX_SECURITY_MODE:-}," in *,native,*) export PMIX_MCA_psec=native ;; esac; fi',
              '    if [ -z "${PMIX_MCA_gds:-}" ]; then case ",${PMIX_GDS_MODULE:-}," in *,hash,*) export PMIX_MCA_gds=hash ;; esac; fi')
-    ch = render(cli, tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", "charliecloud")
+    ch = render(tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", "charliecloud")
     assert "srun --mpi=pmix" in ch
     rank_main = ch[ch.index("rank_main() {"):ch.index('    exec "$@"', ch.index("rank_main() {"))]
     assert all(line in rank_main for line in lines)
-    assert "PMIX_SECURITY_MODE" not in render(cli, tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", "host")
-    assert "PMIX_SECURITY_MODE" not in render(cli, tmp_path, RECIPES / "cpu-torch-ddp.yaml", "--runtime", "charliecloud")
+    assert "PMIX_SECURITY_MODE" not in render(tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", "host")
+    assert "PMIX_SECURITY_MODE" not in render(tmp_path, RECIPES / "cpu-torch-ddp.yaml", "--runtime", "charliecloud")
     script = "\n".join(line.strip() for line in lines) + '\necho "${PMIX_MCA_psec:-unset} ${PMIX_MCA_gds:-unset}"\n'
 
     def run(**env):

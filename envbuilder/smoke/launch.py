@@ -34,8 +34,8 @@ def execute_run(run, args, expect, manifest_path, workdir):
             run.start_error = "cannot start %s: %s" % (run.command[0], exc)
             return {}, {}, events
         ACTIVE.append((proc, workdir, run.ranks))
-        reason = _let_it_exit(proc, watch(run, workdir, args.timeout, lambda: proc.poll() is None, t0,
-                                          events))
+        reason = watch(run, workdir, args.timeout, lambda: proc.poll() is None, t0, events)
+        reason = _let_it_exit(proc, reason)
         run.wall_s = time.time() - t0
         if proc.poll() is None:
             run.killed = reason
@@ -151,7 +151,7 @@ def execute_in_step(run, args, expect, manifest_path, workdir, rank, extra_env=N
                     with open(name, "w") as fh:
                         fh.write(reason + "\n")
                 return out
-            if reason and reason != "all ranks ended":
+            if reason:
                 run.killed = reason
                 with open(abort_file(workdir), "w") as fh:
                     fh.write(reason + "\n")

@@ -131,7 +131,7 @@ def job_text(cli, tmp_path: Path, tf_config_mode: str | None = None, runtime: st
         data["distributed"]["tf_config"] = tf_config_mode
     spec = tmp_path / f"tf-{tf_config_mode}.yaml"
     spec.write_text(yaml.safe_dump(data))
-    return render(cli, tmp_path, spec, "--runtime", runtime)
+    return render(tmp_path, spec, "--runtime", runtime)
 
 
 def batch_part(text: str) -> str:
@@ -177,7 +177,7 @@ def test_the_tf_job_script_passes_shellcheck(cli, tmp_path, runtime):
 
 
 def test_other_kinds_get_no_tf_config_and_refuse_the_option(cli, write_spec, tmp_path):
-    assert "TF_CONFIG" not in render(cli, tmp_path, RECIPES / "cpu-torch-ddp.yaml")
+    assert "TF_CONFIG" not in render(tmp_path, RECIPES / "cpu-torch-ddp.yaml")
     data = yaml.safe_load((RECIPES / "cpu-torch-ddp.yaml").read_text())
     data["distributed"]["tf_config"] = "replace"
     r = cli("build", str(write_spec(yaml.safe_dump(data))), "--no-build", "--out", str(tmp_path / "x"))

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_envbuilder
+from infra import sbatch_until_done
 from envbuilder.generate import generate
 from envbuilder.spec import load_spec
 
@@ -236,12 +237,10 @@ def job_folder(spec: Path, out: Path, *args: str) -> Path:
 
 
 def sbatch(folder: Path, directory: str, *command: str, timeout: int = 300):
-    proc = subprocess.run(["sbatch", "--wait", "--parsable", "--ntasks=2", "--ntasks-per-node=2",
-                           str(folder / "job.sbatch"), *command], cwd=folder, capture_output=True, text=True,
-                          env={**os.environ, "ENVBUILDER_IMAGE": directory}, timeout=timeout)
-    job = proc.stdout.strip().split(";")[0]
+    code, job, err = sbatch_until_done(["--ntasks=2", "--ntasks-per-node=2", str(folder / "job.sbatch"), *command],
+                                       folder, {"ENVBUILDER_IMAGE": directory}, timeout)
     log = "".join(p.read_text() for p in folder.glob(f"*-{job}.out"))
-    return proc.returncode, job, proc.stderr + log
+    return code, job, err + log
 
 
 def verify(folder: Path, directory: str):

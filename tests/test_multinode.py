@@ -29,7 +29,7 @@ import pytest
 
 from conftest import RECIPES, run_envbuilder
 from infra import (keep_for_run, MINICLUSTER_ROOT, SMOKE_VENV_PYTHON, base_image, long_build, require_binary,
-                   require_docker, wheelhouse)
+                   require_docker, sbatch_until_done, wheelhouse)
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 ROOT = Path(MINICLUSTER_ROOT)
@@ -80,14 +80,13 @@ def assert_all_passed_on_two_nodes(r, report):
 
 
 def sbatch_wait(cluster, script: Path, *args: str, timeout: int = 300):
-    """sbatch --wait [--OPTIONS] job.sbatch [COMMAND...] on the minicluster: (exit, job id, log)."""
+    """sbatch [--OPTIONS] job.sbatch [COMMAND...] on the minicluster, waiting for the job to end
+    (infra.sbatch_until_done): (exit, job id, log)."""
     opts = [a for a in args if a.startswith("--")]
     command = [a for a in args if not a.startswith("--")]
-    proc = subprocess.run(["sbatch", "--wait", "--parsable", *opts, str(script), *command], cwd=script.parent,
-                          capture_output=True, text=True, env={**os.environ, **cluster}, timeout=timeout)
-    job_id = proc.stdout.strip().split(";")[0]
+    code, job_id, err = sbatch_until_done([*opts, str(script), *command], script.parent, cluster, timeout)
     logs = "".join(p.read_text() for p in sorted(script.parent.glob(f"*-{job_id}*.out")))
-    return proc.returncode, job_id, proc.stderr + logs
+    return code, job_id, err + logs
 
 
 def local_leftovers(job_id: str, sub: str = "") -> list[str]:

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import RECIPES, run_envbuilder
 from infra import (keep_for_run, SMOKE_VENV_PYTHON, base_image, docker_cli, plain_base_image, require_binary,
-                   require_docker, require_slurm, small_tmpfs, smoke_python, wheelhouse)
+                   require_docker, require_slurm, sbatch_until_done, small_tmpfs, smoke_python, wheelhouse)
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # a Python with torch 2.13 (CPU) + Horovod (MPI): what the host runtime runs on the nodes
@@ -31,16 +31,14 @@ def slurm():
 
 
 def sbatch_wait(script: Path, *args: str, env: dict | None = None, timeout: int = 300):
-    """sbatch --wait [OPTIONS] job.sbatch [COMMAND], as a user would: (exit code, job id, seconds,
-    stderr). Arguments starting with -- before the first other one are sbatch options."""
-    full = dict(os.environ)
-    full.update(env or {})
+    """sbatch [OPTIONS] job.sbatch [COMMAND], as a user would, waiting for the job to end
+    (infra.sbatch_until_done: sbatch --wait's exit code, polled faster): (exit code, job id,
+    seconds, stderr). Arguments starting with -- before the first other one are sbatch options."""
     opts = [a for a in args if a.startswith("--")]
     command = [a for a in args if not a.startswith("--")]
     t0 = time.time()
-    proc = subprocess.run(["sbatch", "--wait", "--parsable", *opts, str(script), *command], cwd=script.parent,
-                          capture_output=True, text=True, env=full, timeout=timeout)
-    return proc.returncode, proc.stdout.strip().split(";")[0], time.time() - t0, proc.stderr
+    code, job_id, err = sbatch_until_done([*opts, str(script), *command], script.parent, env or {}, timeout)
+    return code, job_id, time.time() - t0, err
 
 
 def job_seconds(job_id: str) -> int:

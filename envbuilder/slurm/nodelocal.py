@@ -175,7 +175,9 @@ def function_lines(stack: Stack) -> list[str]:
         "        (node_setup) || rc=$?",
         "    fi",
         f'    echo "{READY} $rc $(hostname)"',
-        "    while :; do sleep 1 & wait $! || true; done",
+        "    # the sleep holds no output of the step: when a signal ends the wait, the step's output",
+        "    # closes as the step exits, not when the sleep left behind ends (up to 1 s later)",
+        "    while :; do sleep 1 >/dev/null 2>&1 & wait $! || true; done",
         "}",
         "export -f sweep_stale node_step",
     ]

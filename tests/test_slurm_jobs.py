@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -289,3 +290,51 @@ def test_tf_multiworker_inside_a_job_step_uses_slurms_cluster_resolver(tmp_path)
         assert d["loss_after"] < d["loss_before"] * 0.5 and d["ranks_maxdiff_end"] == 0.0
     assert report["slurm"]["state"] == "COMPLETED"
     print(f"tf-multiworker: verify --slurm {wall:.1f} s, job {report['slurm']['elapsed_s']} s")
+
+
+# --------------------------------------------------------------------------- the controller away
+
+def _away_conf(tmp_path: Path) -> Path:
+    """This Slurm's configuration with the controller's port where nothing listens (and a 2 s
+    message timeout): scontrol really fails with 'Unable to contact slurm controller'."""
+    real = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+    kept = [line for line in real.read_text().splitlines() if not line.startswith(("SlurmctldPort=", "MessageTimeout="))]
+    conf = tmp_path / "away.conf"
+    conf.write_text("\n".join(kept + ["SlurmctldPort=1", "MessageTimeout=2"]) + "\n")
+    return conf
+
+
+def test_verify_waits_through_a_controller_that_does_not_answer_and_names_one_that_never_does(tmp_path, monkeypatch):
+    """verify --slurm's wait for the job (envbuilder/verify/slurm.py): scontrol failing because the
+    controller does not answer is asked again, not taken for the job's end (a busy controller once
+    ended a wait that way: 'job 668 ended RUNNING without a smoke report'); a controller that stays
+    away past the grace is named; a job Slurm no longer knows ends the wait at once."""
+    from envbuilder.verify import slurm as vs
+
+    real = os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")
+    away = _away_conf(tmp_path)
+    job = subprocess.run(["sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 3"], capture_output=True,
+                         text=True, check=True).stdout.strip().split(";")[0]
+    said: list[str] = []
+    monkeypatch.setenv("SLURM_CONF", str(away))
+    back = threading.Timer(5.0, lambda: os.environ.__setitem__("SLURM_CONF", real))
+    back.start()
+    try:
+        rec, timed_out = vs.wait(job, 120, said.append)
+    finally:
+        back.cancel()
+    assert rec["JobState"] == "COMPLETED" and not timed_out, (rec, said)
+    assert any("the Slurm controller did not answer" in s and "asking again" in s for s in said), said
+
+    monkeypatch.setenv("SLURM_CONF", str(away))
+    monkeypatch.setattr(vs, "CONTROLLER_GRACE_S", 3.0)
+    said.clear()
+    rec, timed_out = vs.wait(job, 120, said.append)
+    assert rec["JobState"] == "UNKNOWN" and not timed_out
+    assert "the Slurm controller did not answer for 3 s" in rec["Reason"], rec
+    assert "Unable to contact slurm controller" in rec["Reason"], rec
+
+    monkeypatch.setenv("SLURM_CONF", real)
+    t0 = time.time()
+    rec, _ = vs.wait("999999", 120, said.append)
+    assert rec == {"JobState": "UNKNOWN"} and time.time() - t0 < 10

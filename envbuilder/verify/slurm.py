@@ -29,6 +29,7 @@ HEADER_RE = re.compile(r"^# Slurm job for \S+ \((\w+) runtime\)$", re.M)
 DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 POLL_S = 1.0
+CONTROLLER_GRACE_S = 120.0     # how long a controller that does not answer is asked again
 
 
 @dataclass(frozen=True)
@@ -75,11 +76,23 @@ def interface(script: Path, env: dict) -> str | None:
     return env.get("NCCL_SOCKET_IFNAME") or (m.group(1) if m else None)
 
 
+class ControllerAway(Exception):
+    """scontrol got no answer about the job (the controller busy or restarting): ask again."""
+
+
 def _scontrol(job_id: str) -> dict | None:
-    proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
-                          timeout=30)
+    """The job's record as `scontrol show job -o` gives it; None when Slurm no longer knows the job
+    (its record was purged after MinJobAge); ControllerAway when the controller did not answer."""
+    try:
+        proc = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                              timeout=30)
+    except subprocess.TimeoutExpired as e:
+        raise ControllerAway("scontrol gave no answer in 30 s") from e
     if proc.returncode != 0:
-        return None          # the record is gone (MinJobAge) or the controller is away
+        if "invalid job id" in (proc.stderr + proc.stdout).lower():
+            return None
+        said = (proc.stderr or proc.stdout).strip().splitlines()
+        raise ControllerAway(said[-1] if said else f"scontrol exit {proc.returncode}")
     fields = {}
     for item in proc.stdout.split():
         key, sep, value = item.partition("=")
@@ -107,13 +120,34 @@ def submit(argv: list[str], env: dict) -> str:
     return proc.stdout.strip().split(";")[0]
 
 
+def _record(job_id: str, echo) -> dict | None:
+    """_scontrol, asked again while the controller does not answer (a busy slurmctld can fail a
+    query now and then: one such failure once ended a wait as if the job were gone), for up to
+    CONTROLLER_GRACE_S; after that ControllerAway says so."""
+    t0 = time.time()
+    said = False
+    while True:
+        try:
+            return _scontrol(job_id)
+        except ControllerAway as e:
+            if time.time() - t0 > CONTROLLER_GRACE_S:
+                raise ControllerAway(f"the Slurm controller did not answer for {CONTROLLER_GRACE_S:.0f} s: {e}") from e
+            if not said:
+                echo(f"job {job_id}: the Slurm controller did not answer ({e}); asking again")
+                said = True
+            time.sleep(POLL_S)
+
+
 def wait(job_id: str, limit: float, echo) -> tuple[dict, bool]:
     """Poll until the job ends; cancel it after LIMIT seconds. Returns (last record, timed out)."""
     t0 = time.time()
     last: dict = {}
     shown = ""
     while True:
-        rec = _scontrol(job_id)
+        try:
+            rec = _record(job_id, echo)
+        except ControllerAway as e:
+            return {**last, "JobState": "UNKNOWN", "Reason": str(e)}, False
         if rec is None:
             return last or {"JobState": "UNKNOWN"}, False
         last = rec
@@ -128,7 +162,10 @@ def wait(job_id: str, limit: float, echo) -> tuple[dict, bool]:
             echo(f"job {job_id}: still {state.lower()} after {limit:.0f} s: cancelling it")
             subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
             for _ in range(60):
-                rec = _scontrol(job_id)
+                try:
+                    rec = _record(job_id, echo)
+                except ControllerAway:
+                    rec = None
                 if rec is None or rec.get("JobState") in DONE_STATES:
                     break
                 time.sleep(POLL_S)

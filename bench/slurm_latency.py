@@ -23,11 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from envbuilder.verify.slurm import DONE_STATES
+
 ROOT = Path(__file__).resolve().parent.parent
 NEW_LOOP = "while :; do sleep 1 >/dev/null 2>&1 & wait $! || true; done"
 OLD_LOOP = "while :; do sleep 1 & wait $! || true; done"
-ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-         "BOOT_FAIL", "DEADLINE"}
 
 
 def state(job: str) -> str:
@@ -42,7 +42,7 @@ def submit(*argv: str, cwd: Path | None = None) -> str:
 
 
 def until_ended(job: str, every: float) -> None:
-    while state(job) not in ENDED:
+    while state(job) not in DONE_STATES:
         time.sleep(every)
 
 

@@ -208,6 +208,8 @@ def sbatch_until_done(argv: list[str], cwd: Path, env: dict, timeout: float = 30
     under subprocess's timeout did."""
     import time
 
+    from envbuilder.verify.slurm import DONE_STATES
+
     full = {**os.environ, **env}
     proc = subprocess.run(["sbatch", "--parsable", *argv], cwd=cwd, capture_output=True, text=True, env=full,
                           timeout=60)
@@ -219,7 +221,7 @@ def sbatch_until_done(argv: list[str], cwd: Path, env: dict, timeout: float = 30
         show = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, env=full,
                               timeout=60)
         records = [dict(f.split("=", 1) for f in line.split() if "=" in f) for line in show.stdout.splitlines()]
-        if show.returncode == 0 and records and all(r.get("JobState") not in UNFINISHED for r in records):
+        if show.returncode == 0 and records and all(r.get("JobState") in DONE_STATES for r in records):
             codes = []
             for r in records:
                 status, signal = (int(x) for x in r.get("ExitCode", "0:0").split(":"))
@@ -229,10 +231,6 @@ def sbatch_until_done(argv: list[str], cwd: Path, env: dict, timeout: float = 30
             subprocess.run(["scancel", job_id], env=full, capture_output=True)
             raise subprocess.TimeoutExpired(["sbatch", *argv], timeout)
         time.sleep(0.5)
-
-
-UNFINISHED = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
-              "SIGNALING", "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "STOPPED", "RESV_DEL_HOLD"}
 
 
 # --------------------------------------------------------------------------- multi-node cluster

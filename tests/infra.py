@@ -197,6 +197,22 @@ long_build = pytest.mark.skipif(os.environ.get(LONG_ENV, "") != "1",
                                 reason=f"a long image build: runs with {LONG_ENV}=1 (outside CI's budget)")
 
 
+def job_records(text: str) -> list[dict]:
+    """`scontrol show job -o`'s records, one per job (per task of an array). A record is one line
+    unless the batch script's arguments hold a newline (`python -c` with a script): scontrol prints
+    them as they are, so a line that does not start with JobId= continues the record above it. The
+    first value of a key wins (an argument's "x=1" does not replace the job's own field)."""
+    records: list[dict] = []
+    for line in text.splitlines():
+        if line.startswith("JobId=") or not records:
+            records.append({})
+        for item in line.split():
+            key, sep, value = item.partition("=")
+            if sep:
+                records[-1].setdefault(key, value)
+    return records
+
+
 def sbatch_until_done(argv: list[str], cwd: Path, env: dict, timeout: float = 300) -> tuple[int, str, str]:
     """`sbatch --parsable ARGV`, then wait for the job (every task of an array) to end, polling
     scontrol every half second: (exit code as `sbatch --wait` gives it, job id, sbatch's stderr).
@@ -220,7 +236,7 @@ def sbatch_until_done(argv: list[str], cwd: Path, env: dict, timeout: float = 30
     while True:
         show = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, env=full,
                               timeout=60)
-        records = [dict(f.split("=", 1) for f in line.split() if "=" in f) for line in show.stdout.splitlines()]
+        records = job_records(show.stdout)
         if show.returncode == 0 and records and all(r.get("JobState") in DONE_STATES for r in records):
             codes = []
             for r in records:

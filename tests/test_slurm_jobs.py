@@ -338,3 +338,17 @@ def test_verify_waits_through_a_controller_that_does_not_answer_and_names_one_th
     t0 = time.time()
     rec, _ = vs.wait("999999", 120, said.append)
     assert rec == {"JobState": "UNKNOWN"} and time.time() - t0 < 10
+
+
+def test_the_suites_wait_reads_a_job_whose_arguments_hold_newlines(tmp_path):
+    """The suite's own wait (infra.sbatch_until_done) against the real scontrol: a batch script's
+    arguments with newlines (the `python -c SCRIPT` the MPI tests pass) come out of `scontrol show job
+    -o` on lines of their own, with key=value text in them; the job's state and exit code are still
+    read from its record (a wait that took such a line for a record never ended: CI lost 4 x 300 s)."""
+    script = tmp_path / "args.sh"
+    script.write_text('#!/bin/bash\nprintf "%s\\n" "$@"\nexit 3\n')
+    code, job_id, secs, err = sbatch_wait(script, f"--output={tmp_path}/out", "python", "-c",
+                                          "import os\nJobState=RUNNING ExitCode=0:0 x=1\n", timeout=60)
+    assert code == 3, err
+    assert "JobState=RUNNING ExitCode=0:0 x=1" in (tmp_path / "out").read_text()
+    assert secs < 30

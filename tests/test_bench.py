@@ -171,3 +171,28 @@ def test_mpi_allreduce_repeat_table_pairs_each_image_row_with_its_host_row(capsy
     assert table[img].endswith("| 3 | 1000 MB/s | 900 - 2000 | 1.25 |"), table[img]
     assert table[host].endswith("| 800 MB/s | 500 - 810 |  |"), table[host]
     assert table["Intel MPI 2021.19 (impi-rt) injected"].endswith("|  |")
+
+
+def test_suite_cpu_tells_a_module_that_computes_from_one_that_waits(tmp_path):
+    """bench/suite_cpu.py on two small modules of its own: one keeps a core busy for 2 s, one sleeps
+    2 s; the busy one's share is higher, the table has a row per module and a total, and a failing
+    module makes the exit code 1."""
+    busy = tmp_path / "test_busy.py"
+    busy.write_text("import time\n\ndef test_spin():\n    end = time.monotonic() + 2\n"
+                    "    while time.monotonic() < end:\n        pass\n")
+    idle = tmp_path / "test_idle.py"
+    idle.write_text("import time\n\ndef test_sleep():\n    time.sleep(2)\n")
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "suite_cpu.py"), str(busy), str(idle), "--", "-p",
+                        "no:cacheprovider"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in p.stdout.splitlines() if line.startswith("| ") and "%" in line}
+    assert set(rows) == {str(busy), str(idle), "all"}, p.stdout
+    share = {k: int(v[1].rstrip("%")) for k, v in rows.items()}
+    assert share[str(busy)] > share[str(idle)], p.stdout
+    assert rows[str(busy)][3].startswith("1 passed"), p.stdout
+    failing = tmp_path / "test_fails.py"
+    failing.write_text("def test_no():\n    assert False\n")
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "suite_cpu.py"), str(failing)], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 1 and "1 failed" in p.stdout, p.stdout

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from envbuilder.verify.slurm import DONE_STATES
+from envbuilder.verify.slurm import DONE_STATES, job_records
 
 ROOT = Path(__file__).resolve().parent.parent
 NEW_LOOP = "while :; do sleep 1 >/dev/null 2>&1 & wait $! || true; done"
@@ -32,8 +32,8 @@ OLD_LOOP = "while :; do sleep 1 & wait $! || true; done"
 
 def state(job: str) -> str:
     out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
-    fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
-    return fields.get("JobState", "")
+    records = job_records(out)
+    return records[0].get("JobState", "") if records else ""
 
 
 def submit(*argv: str, cwd: Path | None = None) -> str:

@@ -197,22 +197,6 @@ long_build = pytest.mark.skipif(os.environ.get(LONG_ENV, "") != "1",
                                 reason=f"a long image build: runs with {LONG_ENV}=1 (outside CI's budget)")
 
 
-def job_records(text: str) -> list[dict]:
-    """`scontrol show job -o`'s records, one per job (per task of an array). A record is one line
-    unless the batch script's arguments hold a newline (`python -c` with a script): scontrol prints
-    them as they are, so a line that does not start with JobId= continues the record above it. The
-    first value of a key wins (an argument's "x=1" does not replace the job's own field)."""
-    records: list[dict] = []
-    for line in text.splitlines():
-        if line.startswith("JobId=") or not records:
-            records.append({})
-        for item in line.split():
-            key, sep, value = item.partition("=")
-            if sep:
-                records[-1].setdefault(key, value)
-    return records
-
-
 def sbatch_until_done(argv: list[str], cwd: Path, env: dict, timeout: float = 300) -> tuple[int, str, str]:
     """`sbatch --parsable ARGV`, then wait for the job (every task of an array) to end, polling
     scontrol every half second: (exit code as `sbatch --wait` gives it, job id, sbatch's stderr).
@@ -224,7 +208,7 @@ def sbatch_until_done(argv: list[str], cwd: Path, env: dict, timeout: float = 30
     under subprocess's timeout did."""
     import time
 
-    from envbuilder.verify.slurm import DONE_STATES
+    from envbuilder.verify.slurm import DONE_STATES, job_records
 
     full = {**os.environ, **env}
     proc = subprocess.run(["sbatch", "--parsable", *argv], cwd=cwd, capture_output=True, text=True, env=full,

@@ -341,7 +341,7 @@ def test_verify_waits_through_a_controller_that_does_not_answer_and_names_one_th
 
 
 def test_the_suites_wait_reads_a_job_whose_arguments_hold_newlines(tmp_path):
-    """The suite's own wait (infra.sbatch_until_done) against the real scontrol: a batch script's
+    """The suite's own wait (infra.sbatch_until_done, reading records with envbuilder.verify.slurm.job_records) against the real scontrol: a batch script's
     arguments with newlines (the `python -c SCRIPT` the MPI tests pass) come out of `scontrol show job
     -o` on lines of their own, with key=value text in them; the job's state and exit code are still
     read from its record (a wait that took such a line for a record never ended: CI lost 4 x 300 s)."""

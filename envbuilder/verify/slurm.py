@@ -93,12 +93,24 @@ def _scontrol(job_id: str) -> dict | None:
             return None
         said = (proc.stderr or proc.stdout).strip().splitlines()
         raise ControllerAway(said[-1] if said else f"scontrol exit {proc.returncode}")
-    fields = {}
-    for item in proc.stdout.split():
-        key, sep, value = item.partition("=")
-        if sep and key not in fields:
-            fields[key] = value
-    return fields
+    records = job_records(proc.stdout)
+    return records[0] if records else {}
+
+
+def job_records(text: str) -> list[dict]:
+    """`scontrol show job -o`'s records, one per job (per task of an array). A record is one line
+    unless the batch script's arguments hold a newline (`python -c` with a script): scontrol prints
+    them as they are, so a line that does not start with JobId= continues the record above it. The
+    first value of a key wins (an argument's "x=1" does not replace the job's own field)."""
+    records: list[dict] = []
+    for line in text.splitlines():
+        if line.startswith("JobId=") or not records:
+            records.append({})
+        for item in line.split():
+            key, sep, value = item.partition("=")
+            if sep:
+                records[-1].setdefault(key, value)
+    return records
 
 
 def _seconds(runtime: str) -> float:

@@ -63,8 +63,78 @@ def write_spec(tmp_path):
 
 def pytest_configure(config):
     """srun, sbatch and ch-run want USER, which a bare environment (env -i, some CI runners) lacks:
-    set once here, before any test, as a login shell would."""
+    set once here, before any test, as a login shell would. And the run's record of what it made
+    (infra.run_record): a worker of `pytest -n 2` is given the one its controller made."""
+    import tempfile
+
+    import infra
+
     os.environ.setdefault("USER", "root" if os.geteuid() == 0 else str(os.geteuid()))
+    worker = getattr(config, "workerinput", None)
+    if worker is not None and "envbuilder_run_record" in worker:
+        infra.RUN_RECORD = Path(worker["envbuilder_run_record"])
+    else:
+        infra.RUN_RECORD = Path(tempfile.mkdtemp(prefix="envbuilder-test-run-")) / "record.json"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist, in the controller: each worker shares the controller's record of the run."""
+    import infra
+
+    node.workerinput["envbuilder_run_record"] = str(infra.RUN_RECORD)
+
+
+# `pytest -n 2` (the README's test command): two workers on the machine's two cores. Most of the
+# suite waits (Slurm's job start and end, container start-ups, layer exports: about 40 % of two
+# cores idle, bench/suite_cpu.py), so one worker's builds run in the other's waits. Each group below
+# runs whole in one worker: modules that share the test clusters, their charliecloud conversions
+# or an image tag that a rebuild would move (a second build gives another image id), so they never
+# run beside each other. Every other module is a group of its own. Groups start longest first (the
+# seconds each took on a fresh machine, 2026-11-26), so the two workers end about together.
+WORKER_GROUPS = {
+    # tools/minicluster's two nodes (node vetting measures their speed), the MPI-wheel images and
+    # their conversions into its shared folder, and the cpu-torch-ddp image that test_multinode
+    # converts and test_defexec and test_distributed_ddp build
+    "cluster": ("test_multinode", "test_mpi_multinode", "test_mpi_pypi", "test_mpi_abi", "test_mpi_horovod",
+                "test_tf_config", "test_defexec", "test_distributed_ddp"),
+    # the cpu-torch image: built by each of these, converted by test_slurm_jobs and test_sif
+    "cpu-torch": ("test_build_verify", "test_sif", "test_slurm_jobs"),
+}
+LONGEST_FIRST = ("cluster", "cpu-torch", "test_buildah_engine", "test_login_node", "test_lock_build",
+                 "test_smoke_suite", "test_distributed_tf", "test_lock")
+
+
+def worker_group(module: str) -> str:
+    """The group a test module (its file's stem) runs in under `pytest -n 2`."""
+    for group, modules in WORKER_GROUPS.items():
+        if module in modules:
+            return group
+    return module
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest groups first (LONGEST_FIRST); within a group and among the rest, the order of
+    collection. The workers hand the order to the scheduler below."""
+    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (rank.get(worker_group(item.path.stem), len(rank)), order[id(item)]))
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduling by scope, a scope being a worker group: each group runs whole in
+    one worker, the groups handed out in the collection's order (longest first) as workers free up.
+    (Not `--dist loadgroup`: pytest-xdist 3.8 marks a group in the test's nodeid, which pytest 9
+    no longer reads, so every test would be a group of its own.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkerGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(Path(nodeid.split("::", 1)[0]).stem)
+
+    config.option.loadscopereorder = False      # else the groups with the most tests go first
+    return WorkerGroupScheduling(config, log)
 
 
 @pytest.fixture(autouse=True)
@@ -110,7 +180,13 @@ def shared(cluster):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """The preset images the modules shared (infra.keep_for_run) go at the end of the run."""
-    from infra import remove_run_images
+    """The preset images the modules shared (infra.keep_for_run) go at the end of the run: in the
+    process that started it (a worker of `pytest -n 2` ends while the other may still use them)."""
+    import shutil
 
-    remove_run_images()
+    import infra
+
+    if hasattr(session.config, "workerinput"):
+        return
+    infra.remove_run_images()
+    shutil.rmtree(infra.RUN_RECORD.parent, ignore_errors=True)

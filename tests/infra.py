@@ -277,8 +277,38 @@ def user_python(user: str, folder: Path) -> str:
     return str(python)
 
 
-# --------------------------------------------------------------------------- images kept for the run
-_RUN_IMAGES: dict[str, bool] = {}      # tag -> it was in the engine before this test run
+# --------------------------------------------------------------------------- what the run made
+# One record per test run, shared by every process of the run (the `pytest -n 2` workers each run
+# modules of their own): the images kept for the run, the tags built in it and the charliecloud
+# directories converted for it. A JSON file under a lock; conftest points RUN_RECORD at it before
+# any test and removes what it lists at the end of the run, in the process that started the run
+# only (a worker ending early must not remove an image the other worker is still using).
+RUN_RECORD: Path | None = None
+
+
+@contextlib.contextmanager
+def run_record():
+    """The run's record (a dict) for reading and changing, the other processes kept out meanwhile;
+    written back when the block ends."""
+    import fcntl
+    import json
+
+    if RUN_RECORD is None:
+        raise RuntimeError("tests/conftest.py sets infra.RUN_RECORD in pytest_configure")
+    with open(RUN_RECORD.with_name(RUN_RECORD.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = json.loads(RUN_RECORD.read_text()) if RUN_RECORD.is_file() else {}
+        data.setdefault("images", {})     # tag -> it was in the engine before this test run
+        data.setdefault("built", [])      # tags `envbuilder build` made in this run (built_once)
+        data.setdefault("dirs", [])       # charliecloud directories converted for this run
+        yield data
+        tmp = RUN_RECORD.with_name(RUN_RECORD.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, RUN_RECORD)
+
+
+def _image_exists(tag: str) -> bool:
+    return subprocess.run([docker_cli(), "image", "inspect", tag], capture_output=True).returncode == 0
 
 
 def keep_for_run(tag: str) -> None:
@@ -286,26 +316,21 @@ def keep_for_run(tag: str) -> None:
     it then, unless it was there before the run), so that every module building the same preset
     finds the image itself, not only its build cache (a cached rebuild of a removed image still
     exports and unpacks every layer again)."""
-    if tag not in _RUN_IMAGES:
-        _RUN_IMAGES[tag] = subprocess.run([docker_cli(), "image", "inspect", tag],
-                                          capture_output=True).returncode == 0
-
-
-_BUILT_IN_RUN: set[str] = set()       # tags `envbuilder build` made in this run (built_once)
+    with run_record() as record:
+        if tag not in record["images"]:
+            record["images"][tag] = _image_exists(tag)
 
 
 def built_once(tag: str) -> bool:
     """True when TAG was already built in this test run (and is still there); else marks it, for
-    the caller to build now. A second build of the same spec gives another image id (files' times
-    in the last layers), which would undo every conversion made of the first."""
-    if tag in _BUILT_IN_RUN and subprocess.run([docker_cli(), "image", "inspect", tag],
-                                               capture_output=True).returncode == 0:
-        return True
-    _BUILT_IN_RUN.add(tag)
-    return False
-
-
-_RUN_DIRS: list[Path] = []             # charliecloud directories converted for this test run
+    the caller to build now. A second build of the same spec gives another image id (the image's
+    creation time), which would undo every conversion made of the first."""
+    with run_record() as record:
+        if tag in record["built"] and _image_exists(tag):
+            return True
+        if tag not in record["built"]:
+            record["built"].append(tag)
+        return False
 
 
 def charliecloud_for_run(tag: str) -> str:
@@ -321,20 +346,25 @@ def charliecloud_for_run(tag: str) -> str:
     cache.mkdir(parents=True, exist_ok=True)
     before = set(cache.iterdir())
     directory, _owned = charliecloud_dir(tag, cache)
-    _RUN_DIRS.extend(set(cache.iterdir()) - before)
+    made = sorted(str(p) for p in set(cache.iterdir()) - before)
+    with run_record() as record:
+        record["dirs"].extend(p for p in made if p not in record["dirs"])
     return directory
 
 
 def remove_run_images() -> None:
-    for tag, existed in _RUN_IMAGES.items():
-        if not existed:
-            subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
-    _RUN_IMAGES.clear()
+    """At the end of the run: the images it kept (those not there before it) and the directories
+    it converted go, and the record is emptied."""
     from envbuilder.runtimes.charliecloud import remove_directory_image
 
-    for folder in _RUN_DIRS:
-        remove_directory_image(folder)
-    _RUN_DIRS.clear()
+    with run_record() as record:
+        for tag, existed in record["images"].items():
+            if not existed:
+                subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
+        for folder in record["dirs"]:
+            remove_directory_image(Path(folder))
+        record.clear()
+        record.update(images={}, built=[], dirs=[])
 
 
 @contextlib.contextmanager

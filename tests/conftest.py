@@ -99,9 +99,9 @@ WORKER_GROUPS = {
     "cluster": ("test_multinode", "test_mpi_multinode", "test_mpi_pypi", "test_mpi_abi", "test_mpi_horovod",
                 "test_tf_config", "test_defexec", "test_distributed_ddp"),
     # the cpu-torch image: built by each of these, converted by test_slurm_jobs and test_sif
-    "cpu-torch": ("test_build_verify", "test_sif", "test_slurm_jobs"),
+    "cpu-torch": ("test_build_verify", "test_sif", "test_slurm_jobs", "test_defexec_presets"),
 }
-LONGEST_FIRST = ("cluster", "cpu-torch", "test_buildah_engine", "test_login_node", "test_lock_build",
+LONGEST_FIRST = ("cpu-torch", "cluster", "test_buildah_engine", "test_login_node", "test_lock_build",
                  "test_smoke_suite", "test_distributed_tf", "test_lock")
 
 

@@ -3,10 +3,9 @@ section by section as Apptainer runs it (no Apptainer here), the image it gives 
 ranks, and compared with the Dockerfile's image of the same lock: the same Python and OS packages
 (asserted), the files that differ printed.
 
-CI: cpu-torch-ddp (the cheapest preset with a framework: no compile). The Dockerfile's image is
+Here cpu-torch-ddp (the cheapest preset with a framework: no compile). The Dockerfile's image is
 the one tests/test_distributed_ddp.py builds (same tag, kept for the run; here its layers come from
-the build cache). With ENVBUILDER_LONG_BUILDS=1 also the other CPU presets (two Horovod compiles
-each: Dockerfile and definition file) and the GPU-from-PyPI DDP preset.
+the build cache). The other presets: tests/test_defexec_presets.py.
 
 Bad input (no definition file, a stage envbuilder cannot run, a %post that fails) is one
 message naming the step and the fix, no traceback."""
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import base_image, docker_cli, keep_for_run, long_build, require_binary, require_docker, wheelhouse
+from infra import base_image, docker_cli, keep_for_run, require_binary, require_docker, wheelhouse
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
@@ -253,34 +252,3 @@ def test_a_folder_without_a_definition_file_is_refused(tmp_path):
                        "--tag", "envbuilder-test/no-such:def")
     assert r.code == 2 and "--compare: image envbuilder-test/no-such:def is neither in buildah's storage nor in " \
         "the Docker engine" in r.err and "fix: execute the definition file first" in r.err, r.err
-
-
-# --- the other CPU presets and one GPU-from-PyPI preset: ENVBUILDER_LONG_BUILDS=1 --------------------
-
-@long_build
-@pytest.mark.parametrize("recipe,verify_extra,build_extra", [
-    ("cpu-torch.yaml", (), ("wheelhouse",)),
-    ("cpu-intel-tf-debian.yaml", (), ()),
-    ("cpu-tf-multiworker.yaml", (), ()),
-    ("torch-ddp-pypi.yaml", ("--no-gpu",), ()),
-])
-def test_preset_definition_file_executed_verified_and_compared(tmp_path, recipe, verify_extra, build_extra):
-    needs_engines()
-    extra = ("--wheelhouse", wheelhouse()) if "wheelhouse" in build_extra else ()
-    out = tmp_path / recipe.removesuffix(".yaml")
-    docker_tag, build_s = locked_and_built(RECIPES / recipe, out, *extra)
-    r, seconds = defexec(out, docker_tag, *extra)
-    record = json.loads((out / "defexec.json").read_text()) if (out / "defexec.json").is_file() else {}
-    try:
-        print("\n" + r.out)
-        assert_same_packages(r, docker_tag)
-        t0 = time.time()
-        v = run_envbuilder("verify", str(out), "--image", record["tag"], "--runtime", "docker", "--ranks", "2",
-                           *verify_extra, timeout=1800)
-        assert v.code == 0, v.out[-3000:] + v.err[-3000:]
-        print(f"{recipe}: Dockerfile build {build_s:.0f} s; definition file executed with buildah {record['seconds']:.0f} s "
-              f"(with the comparison {seconds:.0f} s), {record['size_bytes'] / 1e6:.0f} MB; verify 2 ranks "
-              f"{time.time() - t0:.0f} s")
-    finally:
-        if record.get("tag"):
-            remove_def_image(record["tag"])

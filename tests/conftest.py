@@ -117,8 +117,7 @@ def pytest_collection_modifyitems(config, items):
     """The longest groups first (LONGEST_FIRST); within a group and among the rest, the order of
     collection. The workers hand the order to the scheduler below."""
     rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
-    order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (rank.get(worker_group(item.path.stem), len(rank)), order[id(item)]))
+    items.sort(key=lambda item: rank.get(worker_group(item.path.stem), len(rank)))     # a stable sort
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)

@@ -354,7 +354,7 @@ def charliecloud_for_run(tag: str) -> str:
 
 def remove_run_images() -> None:
     """At the end of the run: the images it kept (those not there before it) and the directories
-    it converted go, and the record is emptied."""
+    it converted go (conftest then removes the record's folder)."""
     from envbuilder.runtimes.charliecloud import remove_directory_image
 
     with run_record() as record:
@@ -363,8 +363,6 @@ def remove_run_images() -> None:
                 subprocess.run([docker_cli(), "rmi", "-f", tag], capture_output=True)
         for folder in record["dirs"]:
             remove_directory_image(Path(folder))
-        record.clear()
-        record.update(images={}, built=[], dirs=[])
 
 
 @contextlib.contextmanager

@@ -101,8 +101,8 @@ WORKER_GROUPS = {
     # the cpu-torch image: built by each of these, converted by test_slurm_jobs and test_sif
     "cpu-torch": ("test_build_verify", "test_sif", "test_slurm_jobs", "test_defexec_presets"),
 }
-LONGEST_FIRST = ("cpu-torch", "cluster", "test_buildah_engine", "test_login_node", "test_lock_build",
-                 "test_smoke_suite", "test_distributed_tf", "test_lock")
+LONGEST_FIRST = ("test_intel_tf", "cluster", "cpu-torch", "test_buildah_engine", "test_login_node",
+                 "test_distributed_tf", "test_lock_build", "test_smoke_suite", "test_lock")
 
 
 def worker_group(module: str) -> str:

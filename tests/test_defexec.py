@@ -66,6 +66,29 @@ def remove_def_image(tag: str) -> None:
     subprocess.run(["buildah", "rmi", "-f", tag], capture_output=True)
 
 
+def definition_file_executed_verified_and_compared(out: Path, docker_tag: str, *extra: str,
+                                                    verify_extra: tuple[str, ...] = ()) -> str:
+    """OUT's Apptainer.def executed with buildah (EXTRA: defexec's options), its image compared with
+    the Dockerfile's DOCKER_TAG (the same Python and OS packages) and verified with 2 ranks; the
+    image removed after. The presets' tests share this (tests/test_defexec_presets.py,
+    tests/test_intel_tf.py, tests/test_distributed_tf.py). Returns a line of figures."""
+    r, seconds = defexec(out, docker_tag, *extra)
+    record = json.loads((out / "defexec.json").read_text()) if (out / "defexec.json").is_file() else {}
+    try:
+        print("\n" + r.out)
+        assert_same_packages(r, docker_tag)
+        assert record["what"] == "definition file executed with buildah"
+        t0 = time.time()
+        v = run_envbuilder("verify", str(out), "--image", record["tag"], "--runtime", "docker", "--ranks", "2",
+                           *verify_extra, timeout=1800)
+        assert v.code == 0, v.out[-3000:] + v.err[-3000:]
+        return (f"definition file executed with buildah {record['seconds']:.0f} s (with the comparison "
+                f"{seconds:.0f} s), {record['size_bytes'] / 1e6:.0f} MB; verify 2 ranks {time.time() - t0:.0f} s")
+    finally:
+        if record.get("tag"):
+            remove_def_image(record["tag"])
+
+
 def assert_same_packages(r, docker_tag: str) -> None:
     assert r.code == 0, r.out[-3000:] + r.err[-3000:]
     assert "Traceback" not in r.err

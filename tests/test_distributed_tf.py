@@ -1,6 +1,7 @@
 """tf-multiworker for real: the cpu-tf-multiworker preset built on Docker, and 2 workers of
 tf.distribute.MultiWorkerMirroredStrategy in the container (TF_CONFIG from the suite's spawner):
-exact all_reduce, a data-parallel run whose loss falls with identical weights on both workers."""
+exact all_reduce, a data-parallel run whose loss falls with identical weights on both workers; and
+the preset's definition file executed with buildah, compared with that image and verified."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from conftest import RECIPES, run_envbuilder
 from infra import keep_for_run, base_image, require_docker
+from test_defexec import definition_file_executed_verified_and_compared, needs_engines
 
 RECIPE = RECIPES / "cpu-tf-multiworker.yaml"
 
@@ -48,3 +50,11 @@ def test_two_workers_of_multiworker_mirrored_strategy(tf_mw_image, tmp_path):
         assert d["loss_after"] < d["loss_before"] * 0.5 and d["ranks_maxdiff_end"] == 0.0
     assert checks["gpu.devices[tf]"]["status"] == "skip"
     print(f"cpu-tf-multiworker: verify 2 workers (docker) {wall:.1f} s")
+
+
+def test_definition_file_executed_verified_and_compared(tf_mw_image):
+    """The same output folder's Apptainer.def executed with buildah: the same packages as the
+    Dockerfile's image above, and verify passes with 2 ranks (its workers' TF_CONFIG included)."""
+    needs_engines()
+    tag = json.loads((tf_mw_image / "manifest.json").read_text())["image"]["tag"]
+    print(f"\ncpu-tf-multiworker: {definition_file_executed_verified_and_compared(tf_mw_image, tag)}")

@@ -150,7 +150,7 @@ def test_manifest_records_expectations(rendered):
     assert m["expect"]["horovod"]["controllers"] == ["mpi", "gloo"]
     assert m["expect"]["mpi"] == {"flavor": "openmpi", "version": "4.1.4"}
     assert set(m["files"]) == {"Dockerfile", "Apptainer.def", "job.sbatch"}
-    assert m["build"]["horovod_patches"] == ["horovod_cxx17"]
+    assert m["build"]["horovod_patches"] == ["horovod_cxx17", "horovod_release_build"]
 
 
 def test_output_is_byte_identical_across_dirs_time_zones_and_locales(tmp_path):
@@ -186,7 +186,7 @@ def test_images_folder_is_up_to_date(rendered):
                 mine = committed / rel
                 if not mine.is_file() or mine.read_bytes() != path.read_bytes():
                     stale.append(f"images/{name}/{rel}")
-    assert not stale, "out of date (run tools/regenerate-images): " + ", ".join(stale)
+    assert not stale, "out of date (run tools/regenerate-images.sh): " + ", ".join(stale)
 
 
 def test_rebuilding_into_an_existing_folder_keeps_other_files(cli, tmp_path):

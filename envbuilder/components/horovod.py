@@ -188,8 +188,9 @@ def devel_steps(stack: Stack) -> list[Step]:
         cmds += locked + [f"{pip(stack)} --no-build-isolation --no-deps {folder}"]
     else:
         cmds += [f"{pip(stack)} {' '.join(requirements(stack))}", f"{pip(stack)} --no-build-isolation {folder}"]
-    # Horovod's setup.py always compiles RelWithDebInfo: its extension carries ~60 MB of DWARF
-    # (67 MB -> 2 MB for the torch one). Symbols stay, so backtraces still name functions.
+    # Released Horovod's setup.py compiles RelWithDebInfo: ~60 MB of DWARF in the torch extension
+    # (67 MB -> 2 MB stripped). The catalog's horovod_release_build fix compiles it without -g;
+    # the strip stays for the releases it does not cover. Symbols stay: backtraces name functions.
     cmds.append(f"find \"$({python_exe(stack)} -c 'import sysconfig; print(sysconfig.get_paths()[\"platlib\"])')/horovod\" "
                 "-name '*.so' -exec strip --strip-debug {} +")
     if stack.mpi_source == "pypi" and "mpi" in hv.operations:

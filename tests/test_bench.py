@@ -196,3 +196,16 @@ def test_suite_cpu_tells_a_module_that_computes_from_one_that_waits(tmp_path):
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "suite_cpu.py"), str(failing)], capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 1 and "1 failed" in p.stdout, p.stdout
+
+
+def test_horovod_build_type_table_gives_each_build_its_ratio_to_relwithdebinfo():
+    spec = importlib.util.spec_from_file_location("hvd_build_type", ROOT / "bench" / "horovod_build_type.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [{"framework": "pytorch", "version": "2.13.0+cpu", "build": b, "seconds": s, "so_bytes": so,
+             "stripped_bytes": 2_265_544} for b, s, so in (("RelWithDebInfo", 200.0, 65_520_280), ("Release", 160.0, 2_267_280),
+                                                         ("RelWithDebInfo", 210.0, 65_520_280), ("Release", 170.0, 2_267_280))]
+    lines = module.table(rows)
+    assert lines[0].startswith("| framework | build | seconds (each run) | mean s | ratio to RelWithDebInfo |")
+    assert "| pytorch 2.13.0+cpu | RelWithDebInfo | 200.0, 210.0 | 205 | 1.00 | 65.5 | 2.27 |" in lines
+    assert "| pytorch 2.13.0+cpu | Release | 160.0, 170.0 | 165 | 0.80 | 2.3 | 2.27 |" in lines

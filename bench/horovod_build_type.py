@@ -2,10 +2,11 @@
 the catalog's `horovod_release_build` fix makes (-O3, no -g): wall seconds and the extension's size
 before and after `strip --strip-debug` (what every envbuilder image does to it), side by side.
 
-Each run unpacks the hash-checked sdist the catalog names into a fresh folder, applies the fixes
-envbuilder applies for that framework (C++17 for torch), and runs `setup.py build_ext` with the
-given Python (which must hold the framework: by default the host smoke environment,
-/opt/envbuilder-smoke-venv, which has torch and tensorflow-cpu) and the host's MPI (mpicc on PATH).
+Each run unpacks the hash-checked sdist into a fresh folder and builds it as the preset's image
+does (recipes/cpu-torch.yaml for torch, recipes/cpu-tf.yaml for TensorFlow): the source fixes and
+HOROVOD_* flags come from envbuilder.components.horovod for that preset's stack, then
+`setup.py build_ext` runs with the given Python (which must hold the preset's framework release: by
+default the host smoke environment, /opt/envbuilder-smoke-venv) and the host's MPI (mpicc on PATH).
 The two build types alternate (--runs pairs), so a busy machine slows both alike.
 
     python bench/horovod_build_type.py                         # torch and tensorflow, one pair each
@@ -31,46 +32,41 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from envbuilder.compat.catalog import load_catalog  # noqa: E402
-from envbuilder.versions import satisfies  # noqa: E402
+from envbuilder.components.horovod import build_flags, patches  # noqa: E402
+from envbuilder.resolve import Stack, resolve  # noqa: E402
+from envbuilder.spec import load_spec  # noqa: E402
 
-HOROVOD = "0.28.1"
-FLAGS = {"pytorch": {"HOROVOD_WITH_PYTORCH": "1", "HOROVOD_WITHOUT_TENSORFLOW": "1"},
-         "tensorflow": {"HOROVOD_WITH_TENSORFLOW": "1", "HOROVOD_WITHOUT_PYTORCH": "1"}}
-COMMON = {"HOROVOD_WITHOUT_MXNET": "1", "HOROVOD_WITH_MPI": "1", "HOROVOD_WITH_GLOO": "1",
-          "HOROVOD_CPU_OPERATIONS": "MPI"}
+PRESET = {"pytorch": "cpu-torch.yaml", "tensorflow": "cpu-tf.yaml"}
 MODULE = {"pytorch": "torch", "tensorflow": "tensorflow"}
+RELEASE_FIX = "horovod_release_build"
 
 
-def sdist(cache: Path) -> Path:
-    """The catalog's Horovod sdist, downloaded once into CACHE (pip download) and checked against its sha256."""
-    entry = load_catalog().data["horovod"][HOROVOD]["sdist"]
+def preset_stack(family: str) -> Stack:
+    return resolve(load_spec(REPO / "recipes" / PRESET[family]))
+
+
+def sdist(stack: Stack, cache: Path) -> Path:
+    """The stack's Horovod sdist, downloaded once into CACHE (pip download) and checked against the
+    catalog's sha256."""
+    entry, version = stack.horovod_sdist, stack.spec.horovod.version
     path = cache / entry["url"].rsplit("/", 1)[1]
     if not path.is_file():      # pip: the index and proxy settings this machine has
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                        f"horovod=={HOROVOD}", "-d", str(cache)], check=True)
+                        f"horovod=={version}", "-d", str(cache)], check=True)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != entry["sha256"]:
         sys.exit(f"{path}: sha256 {digest} is not the catalog's {entry['sha256']}")
     return path
 
 
-def unpack(archive: Path, dest: Path, family: str, version: str, release: bool) -> Path:
-    """The sdist unpacked into DEST with envbuilder's source fixes for FAMILY VERSION (the
-    Release fix only when RELEASE)."""
+def unpack(stack: Stack, archive: Path, dest: Path, release: bool) -> Path:
+    """The sdist unpacked into DEST with the source fixes envbuilder applies for STACK (the Release
+    fix only when RELEASE; fixes by compiler flags, which concern other compilers, left out)."""
     with tarfile.open(archive) as tar:
         tar.extractall(dest, filter="data")
-    src = dest / f"horovod-{HOROVOD}"
-    catalog = load_catalog()
-    for name in catalog.patches():
-        patch = catalog.patch_for(name, family, version)
-        applies = patch["applies"]
-        if "replace" not in patch or "cuda" in applies or not satisfies(HOROVOD, applies["horovod"]):
-            continue            # flags-only fixes (GCC 13) and CUDA's do not concern this build
-        if name == "horovod_release_build" and not release:
-            continue
-        families = [k for k in ("pytorch", "tensorflow") if k in applies]
-        if families and not (family in applies and satisfies(version, applies[family])):
+    src = dest / f"horovod-{stack.spec.horovod.version}"
+    for name, patch in patches(stack):
+        if "replace" not in patch or (name == RELEASE_FIX and not release):
             continue
         old, new = patch["replace"]
         for rel in patch["files"]:
@@ -82,11 +78,12 @@ def unpack(archive: Path, dest: Path, family: str, version: str, release: bool) 
     return src
 
 
-def one_build(archive: Path, python: str, family: str, version: str, release: bool) -> dict:
+def one_build(stack: Stack, archive: Path, python: str, release: bool) -> dict:
+    family = stack.spec.framework.family
     work = Path(tempfile.mkdtemp(prefix="envb-hvd-bench-"))
     try:
-        src = unpack(archive, work, family, version, release)
-        env = dict(os.environ, **COMMON, **FLAGS[family])
+        src = unpack(stack, archive, work, release)
+        env = dict(os.environ, **build_flags(stack))
         log = work / "build.log"
         t0 = time.monotonic()
         with log.open("w") as out:
@@ -105,13 +102,16 @@ def one_build(archive: Path, python: str, family: str, version: str, release: bo
         shutil.rmtree(work, ignore_errors=True)
 
 
-def framework_version(python: str, family: str) -> str:
+def framework_version(python: str, stack: Stack) -> str:
+    """The framework release PYTHON imports; it must be the preset's (the fixes depend on it)."""
+    family, want = stack.spec.framework.family, stack.spec.framework.version
     out = subprocess.run([python, "-c", f"import {MODULE[family]} as m; print(m.__version__)"],
                          capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"{python} cannot import {MODULE[family]}: {out.stderr.strip()[-300:]} (--python: an "
-                 "environment with the framework; bash .ci/setup makes /opt/envbuilder-smoke-venv)")
-    return out.stdout.strip()
+    if out.returncode != 0 or out.stdout.strip() != want:
+        sys.exit(f"{python} does not import {MODULE[family]} {want} ({out.stdout.strip() or out.stderr.strip()[-300:]}); "
+                 f"--python: an environment with recipes/{PRESET[family]}'s framework (bash .ci/setup makes "
+                 "/opt/envbuilder-smoke-venv)")
+    return want
 
 
 def table(rows: list[dict]) -> list[str]:
@@ -142,13 +142,14 @@ def main() -> None:
         sys.exit("no mpicc on PATH (Horovod's MPI build needs one: apt-get install libopenmpi-dev)")
     cache = Path(tempfile.gettempdir()) / "envb-hvd-bench-sdist"
     cache.mkdir(exist_ok=True)
-    archive = sdist(cache)
     rows = []
     for family in args.frameworks.split(","):
-        version = framework_version(args.python, family)
+        stack = preset_stack(family)
+        version = framework_version(args.python, stack)
+        archive = sdist(stack, cache)
         for _ in range(args.runs):
             for release in (False, True):
-                row = one_build(archive, args.python, family, version, release)
+                row = one_build(stack, archive, args.python, release)
                 row["version"] = version
                 rows.append(row)
                 print(f"{family} {row['build']}: {row['seconds']} s", file=sys.stderr)

@@ -55,10 +55,14 @@ def locked_and_built(recipe: Path, out: Path, *extra: str) -> tuple[str, float]:
 
 
 def defexec(out: Path, docker_tag: str, *extra: str):
+    """`envbuilder defexec OUT --export --compare DOCKER_TAG`: (its result, seconds, defexec.json's
+    record or {} when it wrote none)."""
     t0 = time.time()
     r = run_envbuilder("defexec", str(out), "--ca-bundle", CA_BUNDLE, "--export", "--compare", docker_tag, *extra,
                        timeout=3600)
-    return r, time.time() - t0
+    seconds = time.time() - t0
+    record = json.loads((out / "defexec.json").read_text()) if (out / "defexec.json").is_file() else {}
+    return r, seconds, record
 
 
 def remove_def_image(tag: str) -> None:
@@ -72,8 +76,7 @@ def definition_file_executed_verified_and_compared(out: Path, docker_tag: str, *
     the Dockerfile's DOCKER_TAG (the same Python and OS packages) and verified with 2 ranks; the
     image removed after. The presets' tests share this (tests/test_defexec_presets.py,
     tests/test_intel_tf.py, tests/test_distributed_tf.py). Returns a line of figures."""
-    r, seconds = defexec(out, docker_tag, *extra)
-    record = json.loads((out / "defexec.json").read_text()) if (out / "defexec.json").is_file() else {}
+    r, seconds, record = defexec(out, docker_tag, *extra)
     try:
         print("\n" + r.out)
         assert_same_packages(r, docker_tag)
@@ -104,8 +107,7 @@ def ddp(tmp_path_factory):
     needs_engines()
     out = tmp_path_factory.mktemp("defexec") / "cpu-torch-ddp"
     docker_tag, build_s = locked_and_built(RECIPES / "cpu-torch-ddp.yaml", out, "--wheelhouse", wheelhouse())
-    r, seconds = defexec(out, docker_tag, "--wheelhouse", wheelhouse())
-    record = json.loads((out / "defexec.json").read_text()) if (out / "defexec.json").is_file() else {}
+    r, seconds, record = defexec(out, docker_tag, "--wheelhouse", wheelhouse())
     yield out, docker_tag, r, record
     print(f"\ncpu-torch-ddp: Dockerfile build {build_s:.0f} s; definition file executed with buildah and "
           f"compared {seconds:.0f} s ({record.get('size_bytes', 0) / 1e6:.0f} MB)")

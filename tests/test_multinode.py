@@ -50,6 +50,7 @@ NODE_PYTHON = "/usr/bin/python3"           # the nodes' own Python (command jobs
 HANG_TIMEOUT = "45"
 HANG_WALL_S = 120
 
+
 def host_python() -> str:
     if not os.access(SMOKE_VENV_PYTHON, os.X_OK):
         pytest.fail(f"no smoke environment at {SMOKE_VENV_PYTHON} (bash .ci/make-smoke-venv.sh), "

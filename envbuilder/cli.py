@@ -63,7 +63,9 @@ def _build_args(p):
     _add_spec_arg(p)
     p.add_argument("--out", help="output folder (default: images/<name>)")
     p.add_argument("--no-build", action="store_true", help="write the files only; no container engine needed")
-    p.add_argument("--engine", choices=["docker", "buildah", "podman", "apptainer"], default="docker",
+    from .engines import ENGINES
+
+    p.add_argument("--engine", choices=list(ENGINES), default="docker",
                    help="buildah/podman: no daemon, rootless, bit-identical images from one lock")
     p.add_argument("--export", action="append", choices=["docker", "oci-archive", "docker-archive"],
                    help="buildah/podman: also hand the image to Docker, or write <out>/image.oci.tar "

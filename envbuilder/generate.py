@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .components import assemble
-from .lock.model import dump
+from .lock.model import Lock, dump
 from .lock.render import pins_files
 from .lock.resolve import check_matches
 from .needs import needs
@@ -55,14 +55,19 @@ def _tree_sha(files: dict[str, bytes]) -> str:
     return h.hexdigest()
 
 
-def generate(spec: Spec, lock=None) -> Output:
-    """The output folder's files. With ``lock`` (envbuilder.lock.Lock, already checked against the
-    spec) every pin comes from it: base digests, apt versions, pip hashes, source hashes; the
-    lock and its pins/ lists join the files. Without one, the pins the spec and catalog know."""
-    stack = resolve(spec)
+def generate(spec: Spec, lock: Lock | None = None) -> Output:
+    """The output folder's files. With ``lock`` every pin comes from it: base digests, apt
+    versions, pip hashes, source hashes; the lock and its pins/ lists join the files (a lock that
+    does not match what the spec needs is refused, naming the differences). Without one, the
+    pins the spec and catalog know."""
+    return files_for(resolve(spec, lock))
+
+
+def files_for(stack: Stack) -> Output:
+    """The output folder's files for a resolved stack (generate() from a spec)."""
+    spec, lock = stack.spec, stack.lock
     if lock is not None:
         check_matches(lock, stack, needs(stack))
-        stack.lock = lock
     plan = assemble(stack)
     sha = spec.sha256()
     recipes: dict[str, bytes] = {}

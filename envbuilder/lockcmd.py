@@ -17,17 +17,17 @@ from pathlib import Path
 
 from .engines.context import check_inputs
 from .engines.docker import engine
+from .engines import ENGINES
 from .engines.images import AUTO_ORDER, image_engine
 from .engines.options import BuildOptions
-from .generate import generate
 from .lock.base import check_engine_base
 from .lock.diff import compare, identity_line, image_identity, load_any, table
-from .lock.model import LOCK_NAME, LockError, dump, load
+from .lock.model import LOCK_NAME, Lock, LockError, dump, load
 from .lock.resolve import resolve_lock
 from .lock.variant import check_framework_build
 from .needs import bootstrap_prefer, needs, source_tarballs
-from .output import check_replaceable, write_folder
-from .resolve import resolve
+from .output import check_output_folder, check_replaceable, write_folder
+from .resolve import Stack, resolve
 from .spec import load_spec
 
 
@@ -79,45 +79,42 @@ def _engines(name: str | None, stack, quiet: bool):
 
 # --- build ----------------------------------------------------------------------------------
 
-def existing_lock(path: Path):
+def existing_lock(path: Path) -> Lock | None:
     """The lock `build` must use, checked against the spec by generate(); None when there is none."""
     return load(path) if path.is_file() else None
 
 
-def ensure_locked(opts: BuildOptions, spec, folder: Path, out, path: Path):
-    """Before a real build: resolve and write a lock when there is none (an engine, --engine, and the network
-    needed), and check a local base image is still the one the lock names. Returns the output."""
-
-    lock = out.stack.lock
-    if opts.engine == "apptainer":
+def ensure_locked(opts: BuildOptions, stack: Stack) -> Lock | None:
+    """Before a real build, the lock it builds from: the stack's own, or (none yet) one resolved now
+    with an engine and the network (the caller writes it with the rest of the output folder).
+    None only with an engine that resolves no lock (a warning says how to get one). Also checks
+    that a daemon's local base image is still the one the lock names."""
+    engine = ENGINES[opts.engine]
+    lock = stack.lock
+    if not engine.resolves_lock:
         if lock is None:
             print("warning: no envbuilder.lock: building with the spec's pins only (`envbuilder lock` "
                   "resolves one with Docker, podman or buildah: docs/login-node.md)", file=sys.stderr)
-        return out
+        return lock
     quiet = opts.quiet
     # the engine first: on a login node every refusal (subordinate ids, runtime folder, storage)
     # comes before any work
-    client = _engines(opts.engine, out.stack, quiet)
+    client = _engines(opts.engine, stack, quiet)
     resolver = client("the build")
     if lock is None:
         started = time.monotonic()
         check_inputs(opts.ca_bundle, opts.wheelhouse)
-        lock = resolve_lock(out.stack, needs(out.stack), client=client, progress=_say(quiet),
-                            sources=source_tarballs(out.stack), prefer=bootstrap_prefer(out.stack),
+        lock = resolve_lock(stack, needs(stack), client=client, progress=_say(quiet),
+                            sources=source_tarballs(stack), prefer=bootstrap_prefer(stack),
                             **_resolver_options(opts))
-        check_framework(out.stack, lock)
-        out = generate(spec, lock)
-        write_folder(folder, out.files, complete=True, force=opts.force)
-        if path.parent.resolve() != folder.resolve():
-            write_folder(path.parent, {path.name: dump(lock).encode()}, force=opts.force)
+        check_framework(stack, lock)
         if not quiet:
-            print(f"locked {spec.name} with {resolver.name} in {time.monotonic() - started:.0f} s: "
-                  f"{summary(lock)} -> {path}")
-    if opts.engine in ("buildah", "podman"):
-        return out       # engines/buildah.py checks (or copies in) the base in its own storage
-    for entry in lock.base.values():
-        check_engine_base(entry, resolver)
-    return out
+            print(f"locked {stack.spec.name} with {resolver.name} in {time.monotonic() - started:.0f} s: "
+                  f"{summary(lock)}")
+    if engine.needs_daemon:        # a daemonless engine checks (or copies in) the base in its own storage
+        for entry in lock.base.values():
+            check_engine_base(entry, resolver)
+    return lock
 
 
 def check_framework(stack, lock) -> None:
@@ -165,6 +162,7 @@ def cmd_lock(args) -> int:
     spec = load_spec(args.spec)
     stack = resolve(spec)
     path = lock_path(spec, args.lock, args.out)
+    check_output_folder(path.parent, "--lock" if args.lock else "--out")
     check_replaceable(path, "--lock" if args.lock else "--out", bool(args.force))
     previous = None
     if path.is_file():

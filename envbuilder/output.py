@@ -101,6 +101,36 @@ def _check_paths(folder: Path, files: dict[str, bytes], force: bool = False) -> 
                                   f"remove the link {folder / owned}, or choose another folder with --out DIR")
 
 
+# folders the operating system owns: the file system's root, every folder directly under it, and
+# everything below these (the Filesystem Hierarchy Standard's system trees; /var's but for its tmp)
+SYSTEM_TREES = ("bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin",
+                "sys", "usr", "var/cache", "var/lib", "var/log", "var/mail", "var/spool")
+
+
+def system_folder(folder: Path) -> str | None:
+    """Why FOLDER (as it resolves, links followed) belongs to the system, or None."""
+    real = Path(os.path.realpath(Path(folder).expanduser()))
+    leads = f"it leads to {real}: " if real != Path(folder).absolute() else ""
+    if real == Path("/"):
+        return f"{leads}the file system's root"
+    if real.parent == Path("/"):
+        return f"{leads}a folder directly under /"
+    for tree in SYSTEM_TREES:
+        if real.is_relative_to(Path("/") / tree):
+            return f"{leads}inside /{tree}"
+    return None
+
+
+def check_output_folder(folder: Path, option: str) -> None:
+    """Before anything is written: an output folder is never one the system owns (as root, `--out /`
+    would put a Dockerfile and a job script into /)."""
+    why = system_folder(folder)
+    if why:
+        raise EnvbuilderError(option, f"{folder} is a system folder ({why}): envbuilder writes only into "
+                              "a folder of its own", f"give a folder of yours with {option} (by default "
+                              "images/<name> under the current folder)")
+
+
 def write_folder(folder: Path, files: dict[str, bytes], *, complete: bool = False, note=None,
                  force: bool = False) -> list[Path]:
     """Write ``files`` under ``folder``. A new folder appears complete or not at all; in an
@@ -109,6 +139,7 @@ def write_folder(folder: Path, files: dict[str, bytes], *, complete: bool = Fals
     everything a build folder holds) stale generated files in the folders envbuilder owns. A
     file envbuilder did not write is not replaced unless ``force`` (--force)."""
     folder = Path(folder)
+    check_output_folder(folder, "--out")
     parent = folder.parent
     try:
         if not folder.exists():

@@ -1,7 +1,7 @@
 """`envbuilder build`, step by step: the one module that knows the order.
 
-    spec -> job options (site, runtime, sweep) -> stack, findings, files (generate)
-         -> output folder -> lock (resolved when there is none) -> engine -> SIF
+    spec -> job options (site, runtime, sweep) -> stack (with its lock; resolved first when a
+         build has none) -> files (generate) -> output folder, written once -> engine -> SIF
 
 The CLI parses arguments into a BuildRequest and prints what `on_written` and the result say;
 the steps themselves live where they belong (generate.py, output.py, lockcmd.py, engines/, sif/).
@@ -15,10 +15,11 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from .engines import ENGINES, build_image
 from .engines.options import BuildOptions
 from .errors import EnvbuilderError
 
@@ -36,16 +37,17 @@ class BuildRequest:
     sif: bool = False                    # also write <folder>/<name>.sif
 
 
-def _check_sif_request(req: BuildRequest, want_sif: bool) -> None:
+def _check_sif_request(req: BuildRequest) -> None:
     """Before anything is written or built: a SIF is made from a built image."""
     if not req.sif:
         return
     if req.no_build:
         raise EnvbuilderError("--sif", "the SIF is made from the image the build makes",
                               "leave out --no-build (or run `envbuilder sif FOLDER` after a build)")
-    if req.opts.engine == "apptainer":
-        raise EnvbuilderError("--sif", "--engine apptainer writes its own .sif (apptainer build)",
-                              "leave out --sif, or build with --engine docker, buildah or podman")
+    if ENGINES[req.opts.engine].writes_sif:
+        others = ", ".join(name for name, e in ENGINES.items() if not e.writes_sif)
+        raise EnvbuilderError("--sif", f"--engine {req.opts.engine} writes its own .sif",
+                              f"leave out --sif, or build with --engine {others}")
 
 
 def make_sif_of(folder: Path, image: dict, opts: BuildOptions) -> dict:
@@ -54,7 +56,7 @@ def make_sif_of(folder: Path, image: dict, opts: BuildOptions) -> dict:
     from .engines.docker import docker_cli
     from .sif.build import make_sif
 
-    if opts.engine in ("buildah", "podman"):
+    if ENGINES[opts.engine].oci_archive:
         from .engines.buildah import export_image
 
         archive = (image.get("exports") or {}).get("oci-archive") \
@@ -104,7 +106,7 @@ def _step(steps: list[dict], name: str, paths: list[Path]):
 def _storage_paths(opts: BuildOptions, folder: Path) -> list[Path]:
     """Where a step writes: the output folder, and the engine's storage (buildah/podman)."""
     paths = [folder]
-    if opts.engine in ("buildah", "podman"):
+    if ENGINES[opts.engine].storage_root:
         from .engines.buildah import OciEngine
 
         try:
@@ -123,43 +125,52 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
     """Run the build steps in order; return the result `build --json` prints. Raises
     EnvbuilderError (bad input, exit 2) or CheckFailed (a failed step, exit 1); what an earlier
     step wrote stays."""
-    from .generate import generate
+    from .generate import files_for
+    from .lock.model import LOCK_NAME
     from .lockcmd import ensure_locked, existing_lock, lock_path
-    from .output import write_folder
+    from .output import check_output_folder, write_folder
+    from .resolve import resolve
     from .slurm.options import apply_job_options
     from .spec import load_spec
 
     spec = apply_job_options(load_spec(req.spec), site=req.site, runtime=req.runtime, sweep=list(req.sweep))
-    want_sif = req.sif or "sif" in spec.targets
-    _check_sif_request(req, want_sif)
-    path = lock_path(spec, req.lock, req.out)
-    out = generate(spec, existing_lock(path))      # an existing lock is used as is, if it matches
+    _check_sif_request(req)
     folder = Path(req.out) if req.out else Path("images") / spec.name
-    written = write_folder(folder, out.files, complete=True, force=req.opts.force)
-    shown = sorted({str(folder / p.relative_to(folder).parts[0]) for p in written})
-    result = {"ok": True, "folder": str(folder), "files": shown,
-              "findings": [f.as_dict() for f in out.stack.findings]}
-    if on_written is not None:
-        on_written(folder, shown, out.stack.findings)
-    if req.no_build:
-        return result
-    sif_now = want_sif and req.opts.engine != "apptainer"
+    check_output_folder(folder, "--out")
+    path = lock_path(spec, req.lock, req.out)
+    if req.lock:
+        check_output_folder(path.parent, "--lock")
+    stack = resolve(spec, existing_lock(path))      # an existing lock is used as is, if it matches
+    engine = ENGINES[req.opts.engine]
+    sif_now = not req.no_build and (req.sif or "sif" in spec.targets) and not engine.writes_sif
     if sif_now:
         from .sif.build import require_tools
 
         require_tools()                   # before an hour of build, not after
     steps: list[dict] = []
-    result["steps"] = steps
     paths = _storage_paths(req.opts, folder)
+    result: dict = {"ok": True, "folder": str(folder)}
     try:
-        with _step(steps, "lock", paths):
-            out = ensure_locked(req.opts, spec, folder, out, path)      # no lock yet: resolve and write one
-        from .engines import build_image
-
+        newly_locked = False
+        if not req.no_build:
+            with _step(steps, "lock", paths):
+                lock = ensure_locked(req.opts, stack)      # no lock yet: resolved now, written below
+            newly_locked = lock is not stack.lock
+            stack = replace(stack, lock=lock)
+        out = files_for(stack)
+        written = write_folder(folder, out.files, complete=True, force=req.opts.force)
+        if newly_locked and path.parent.resolve() != folder.resolve():
+            write_folder(path.parent, {path.name: out.files[LOCK_NAME]}, force=req.opts.force)
+        shown = sorted({str(folder / p.relative_to(folder).parts[0]) for p in written})
+        result.update({"files": shown, "findings": [f.as_dict() for f in stack.findings]})
+        if on_written is not None:
+            on_written(folder, shown, stack.findings)
+        if req.no_build:
+            return result
+        result["steps"] = steps
         with _step(steps, "build", paths):
             result["image"] = build_image(folder, out, req.opts)
-        if sif_now and req.opts.engine in ("buildah", "podman") \
-                and "oci-archive" not in (result["image"].get("exports") or {}):
+        if sif_now and engine.oci_archive and "oci-archive" not in (result["image"].get("exports") or {}):
             from .engines.buildah import export_image
 
             with _step(steps, "oci-archive", paths):

@@ -1,11 +1,13 @@
 """Everything derived from a checked spec, computed once (base images, pins, patches, env).
 
-Components and renderers read a ``Stack``; none of them re-derives what is here.
+Components and renderers read a ``Stack``; none of them re-derives what is here, and none
+changes it: a Stack is frozen, built with its lock (or without one) and never patched after.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .compat.catalog import Catalog, load_catalog
 from .compat.choices import mpi_source
@@ -13,7 +15,10 @@ from .compat.rules import Finding, check, context_for
 from .spec import Spec
 from .versions import major, minor
 
-@dataclass
+if TYPE_CHECKING:
+    from .lock.model import Lock
+
+@dataclass(frozen=True)
 class Stack:
     spec: Spec
     catalog: Catalog
@@ -22,7 +27,7 @@ class Stack:
     os_name: str
     ngc: dict | None
     findings: list[Finding] = field(default_factory=list)
-    lock: object | None = None      # envbuilder.lock.model.Lock when rendering from a lock
+    lock: Lock | None = None        # every pin comes from it; None: the spec's and the catalog's pins
 
     # --- derived facts used by several components -------------------------------------------
     @property
@@ -201,12 +206,13 @@ class Stack:
         return major(self.spec.cuda.version) if self.spec.cuda else None
 
 
-def resolve(spec: Spec, catalog: Catalog | None = None) -> Stack:
-    """Check ``spec`` (raises SpecErrors on any error finding) and derive the stack."""
+def resolve(spec: Spec, lock: Lock | None = None, catalog: Catalog | None = None) -> Stack:
+    """Check ``spec`` (raises SpecErrors on any error finding) and derive the stack, pinned by
+    ``lock`` when there is one (generate.py checks that the lock matches what the stack needs)."""
     cat = catalog or load_catalog()
     found = check(spec, cat)
     ctx = context_for(spec, cat)
     base = ctx.base
     runtime = spec.runtime_base or cat.runtime_image(base) or base
     return Stack(spec=spec, catalog=cat, base=base, runtime_base=runtime, os_name=ctx.os_name,
-                 ngc=ctx.ngc, findings=found)
+                 ngc=ctx.ngc, findings=found, lock=lock)

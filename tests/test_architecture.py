@@ -193,6 +193,46 @@ def test_runtime_names_are_dispatched_only_in_the_registry():
     assert not bad, "\n".join(bad)
 
 
+def test_engine_names_are_dispatched_only_in_the_registry():
+    """An engine is one entry of envbuilder/engines/ ENGINES, with its capabilities (resolves_lock,
+    needs_daemon, storage_root, oci_archive, writes_sif): no module outside engines/ compares an
+    engine with an engine's name (`opts.engine == "apptainer"`, `engine in ("buildah", ...)`); it
+    asks the entry's capability instead."""
+    from envbuilder.engines import ENGINES
+
+    names = set(ENGINES)
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        module, _ = _module_name(path)
+        if module.startswith(("envbuilder.engines", "envbuilder.smoke")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            consts = {c.value for side in sides for c in ast.walk(side)
+                      if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+            about_engine = any("engine" in (getattr(n, "id", "") or getattr(n, "attr", ""))
+                               for side in sides for n in ast.walk(side))
+            if about_engine and consts & names:
+                bad.append(f"{module}:{node.lineno} compares an engine with {sorted(consts & names)}")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_engine_is_offered_where_its_capabilities_say():
+    """`build --engine` offers every engine; `lock --engine` (and the automatic choice) those that
+    resolve a lock; each entry's module has the build() the pipeline calls."""
+    import importlib
+
+    from envbuilder.engines import ENGINES
+    from envbuilder.engines.images import AUTO_ORDER
+
+    assert set(AUTO_ORDER) == {n for n, e in ENGINES.items() if e.resolves_lock}
+    for name, engine in ENGINES.items():
+        assert callable(importlib.import_module(f"envbuilder.engines.{engine.module}").build), name
+        assert not (engine.writes_sif and engine.oci_archive), name
+
+
 def test_every_runtime_answers_for_where_it_is_offered():
     from envbuilder.runtimes import JOB_RUNTIMES, REGISTRY, VERIFY_RUNTIMES, Runtime, runtime
     from envbuilder.schema import RUNTIMES

@@ -8,14 +8,23 @@ import shutil
 from conftest import RECIPES
 
 
-def test_no_engine_running_keeps_the_written_files(cli, tmp_path):
+def test_no_engine_running_writes_no_unlocked_files_and_names_no_build(cli, tmp_path):
+    """A build locks first, then writes its folder once: with no engine to lock with, it writes
+    nothing (a folder of unpinned files would not be what the build builds) and names --no-build,
+    which writes the files alone; an existing folder is left as it was."""
     out = tmp_path / "out"
     r = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out),
             env={"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock"})
     assert r.code == 1, r.err
     assert "docker engine: no Docker engine answers" in r.err
     assert "--no-build" in r.err and "Traceback" not in r.err
-    assert (out / "Dockerfile").is_file() and (out / "manifest.json").is_file()
+    assert not out.exists()
+    assert cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out), "--no-build").code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    r = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out),
+            env={"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock"})
+    assert r.code == 1, r.err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
 def test_apptainer_engine_names_the_command_it_would_run(cli, tmp_path):

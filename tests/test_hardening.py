@@ -372,6 +372,37 @@ def test_a_link_in_the_output_folder_is_refused_and_nothing_outside_is_touched(t
     assert sorted(p.name for p in repo.iterdir()) == ["images", "src"]
 
 
+SYSTEM_FOLDERS = ("/", "/etc", "/usr/local/share", "/var/lib/envbuilder", "/tmp")
+
+
+@pytest.mark.parametrize("folder", SYSTEM_FOLDERS)
+def test_a_system_folder_is_refused_as_output_before_anything_is_written(folder, tmp_path, capsys):
+    """As root, `build SPEC --out /` once wrote its Dockerfile and job script into /."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_preset(), sort_keys=False))
+    before = sorted(os.listdir(folder)) if os.path.isdir(folder) else None
+    for argv in (["build", str(spec), "--no-build", "--out", folder],
+                 ["build", str(spec), "--out", folder],
+                 ["lock", str(spec), "--out", folder]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: --out: ") and f"{folder} is a system folder" in err, err
+        assert "fix: give a folder of yours with --out" in err and "Traceback" not in err, err
+    assert main(["lock", str(spec), "--lock", f"{folder.rstrip('/')}/my.lock"]) == 2
+    assert "error: --lock: " in capsys.readouterr().err
+    after = sorted(os.listdir(folder)) if os.path.isdir(folder) else None
+    assert after == before, sorted(set(after or []) ^ set(before or []))
+
+
+def test_a_link_to_a_system_folder_is_refused_as_output(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_preset(), sort_keys=False))
+    (tmp_path / "out").symlink_to("/etc")
+    assert main(["build", str(spec), "--no-build", "--out", str(tmp_path / "out")]) == 2
+    assert "is a system folder (it leads to /etc: a folder directly under /)" in capsys.readouterr().err
+    assert not os.path.exists("/etc/Dockerfile")
+
+
 def test_a_failed_update_puts_every_old_file_back_and_names_the_file(tmp_path, monkeypatch):
     from envbuilder.errors import EnvbuilderError
     from envbuilder.output import write_folder

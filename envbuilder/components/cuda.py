@@ -69,7 +69,7 @@ def locked_cuda_runtime(stack: Stack) -> str | None:
     or None without a lock. The framework may ask for a range: TensorFlow 2.21's `and-cuda` extra
     resolved cudart 12.9.79 on 2026-11-26 for a TensorFlow built with CUDA 12.5.1, so libcudart
     reports 12.9 while the framework's build info says 12.5 (docs/gpu.md)."""
-    lock = getattr(stack, "lock", None)
+    lock = stack.lock
     wheel = stack.catalog.data.get("pypi_cuda_runtime_wheel", {}).get(str(stack.cuda_major))
     if lock is None or not wheel:
         return None

@@ -62,7 +62,7 @@ def _locked_install(stage: str) -> tuple[list[str], str]:
 
 
 def _step(stack: Stack, stage: str, title: str, pkgs: list[str]) -> Step:
-    lock = getattr(stack, "lock", None)
+    lock = stack.lock
     if lock is not None and lock.apt.get(stage):
         cmds, pins = _locked_install(stage)
         return Step("system", title, cmds, mounts=[pins],

@@ -1,26 +1,45 @@
-"""Container engines behind one interface: ``build_image(folder, output, opts) -> dict``, with
-``opts`` an engines.options.BuildOptions (the CLI makes it; no engine sees argparse).
+"""Container engines behind one interface, chosen by name from ``ENGINES`` (the one registry:
+``--engine``'s choices, the lock's engines and every capability the pipeline asks about come
+from it; tests/test_architecture.py fails if a module outside engines/ compares an engine with
+a name).
 
-An engine is chosen by name (``--engine``); each raises CheckFailed with the failed step and
-where its log is, and never removes what the build step already wrote.
-docker: engines/docker.py; buildah and podman (daemonless, reproducible): engines/buildah.py;
-apptainer: engines/apptainer.py.
+Each engine module has ``build(folder, output, opts) -> dict``, with ``opts`` an
+engines.options.BuildOptions (the CLI makes it; no engine sees argparse); each raises
+CheckFailed with the failed step and where its log is, and never removes what the build step
+already wrote. docker: engines/docker.py; buildah and podman (daemonless, reproducible):
+engines/buildah.py; apptainer: engines/apptainer.py.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
 
 from .options import BuildOptions
 
-ENGINES = ("docker", "buildah", "podman", "apptainer")
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    module: str                   # engines/<module>.py holds its build()
+    resolves_lock: bool           # resolves envbuilder.lock (base digests, OS packages) before it builds
+    needs_daemon: bool = False    # its images live in a daemon (the lock's base is checked there)
+    storage_root: bool = False    # its images live in a storage folder of its own (graph root)
+    oci_archive: bool = False     # writes an OCI archive of its image (the SIF's source without Docker)
+    writes_sif: bool = False      # its product is the .sif itself (no separate SIF step)
+
+    def build(self, folder: Path, output, opts: BuildOptions) -> dict:
+        return import_module(f"{__name__}.{self.module}").build(folder, output, opts)
+
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (
+    Engine("docker", "docker", resolves_lock=True, needs_daemon=True),
+    Engine("buildah", "buildah", resolves_lock=True, storage_root=True, oci_archive=True),
+    Engine("podman", "buildah", resolves_lock=True, storage_root=True, oci_archive=True),
+    Engine("apptainer", "apptainer", resolves_lock=False, writes_sif=True),
+)}
 
 
 def build_image(folder: Path, output, opts: BuildOptions) -> dict:
-    if opts.engine == "apptainer":
-        from .apptainer import build
-    elif opts.engine in ("buildah", "podman"):
-        from .buildah import build
-    else:
-        from .docker import build
-    return build(folder, output, opts)
+    return ENGINES[opts.engine].build(folder, output, opts)

@@ -20,7 +20,7 @@ def expected(stack: Stack) -> dict:
     for req in spec.packages.pip:
         name, _, version = req.partition("==")
         pins[name.split("[")[0].lower()] = version
-    lock = getattr(stack, "lock", None)
+    lock = stack.lock
     if lock is not None:
         # every locked Python package: the smoke suite's drift check compares them all
         pins = lock.pip_versions()
@@ -68,7 +68,7 @@ def render_manifest(stack: Stack, files: dict[str, bytes], smoke_sha: str) -> st
             **({"pip_constraint": stack.pip_constraint} if stack.pip_constraint else {}),
         },
         "findings": [f.as_dict() for f in stack.findings],
-        **({"lock": _lock_record(stack.lock)} if getattr(stack, "lock", None) is not None else {}),
+        **({"lock": _lock_record(stack.lock)} if stack.lock is not None else {}),
         "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
         "smoke_suite_sha256": smoke_sha,
         "spec": spec.canonical(),

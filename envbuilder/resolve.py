@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 from .compat.catalog import Catalog, load_catalog
 from .compat.choices import mpi_source
-from .compat.rules import Finding, check, context_for
+from .compat.check import check
+from .compat.finding import Finding, context_for
 from .spec import Spec
 from .versions import major, minor
 

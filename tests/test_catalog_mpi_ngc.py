@@ -15,7 +15,7 @@ import pytest
 from infra import venv_tool
 
 from envbuilder.compat.catalog import Catalog, load_catalog
-from envbuilder.compat.rules import findings
+from envbuilder.compat.check import findings
 from envbuilder.generate import generate
 from envbuilder.needs import needs
 from envbuilder.spec import load_spec

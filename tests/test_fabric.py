@@ -58,7 +58,7 @@ def test_a_plugin_older_than_1_17_is_refused_on_cuda_13(tmp_path):
     import copy
 
     from envbuilder.compat.catalog import Catalog
-    from envbuilder.compat.rules import check
+    from envbuilder.compat.check import check
     from envbuilder.spec import load_spec
 
     data = copy.deepcopy(load_catalog().data)

@@ -1,51 +1,15 @@
-"""Rules over a spec and the catalog: each finding gives a reason, a fix and its sources.
-
-A rule is a function ``(spec, ctx) -> iterable of Finding``. Errors stop the build;
-warnings are printed and recorded in the manifest.
+"""Rules over a spec and the catalog (Python, frameworks, Horovod, MPI): each finding gives a
+reason, a fix and its sources. The GPU, fabric and distributed rules are siblings of this module;
+compat/check.py runs them all, in the order it lists them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from ..errors import SpecErrors
 from ..spec import Spec
 from ..versions import cmp, major, matches, minor, release, satisfies
-from ..presets import nearest_preset
-from .catalog import Catalog, load_catalog
-from .choices import default_base, mpi_source
-
-ERROR, WARN, INFO = "error", "warning", "info"
-
-
-@dataclass
-class Finding:
-    rule: str
-    level: str
-    field: str
-    reason: str
-    fix: str = ""
-    sources: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict:
-        return {"rule": self.rule, "level": self.level, "field": self.field,
-                "reason": self.reason, "fix": self.fix, "sources": self.sources}
-
-
-@dataclass
-class Context:
-    catalog: Catalog
-    base: str
-    os_name: str | None
-    ngc: dict | None
-
-
-RULES = []
-
-
-def rule(fn):
-    RULES.append(fn)
-    return fn
+from .catalog import Catalog
+from .choices import mpi_source
+from .finding import ERROR, INFO, WARN, Context, Finding, rule
 
 
 def _range_text(r) -> str:
@@ -524,40 +488,6 @@ def packages_rules(spec: Spec, ctx: Context):
                           "pin numpy<2 (e.g. numpy==1.26.4)", ["tf_pypi"])
 
 
-# --- running the rules --------------------------------------------------------------------------
-
-def context_for(spec: Spec, catalog: Catalog | None = None) -> Context:
-    cat = catalog or load_catalog()
-    base = spec.base or default_base(spec, cat)
-    ngc = cat.ngc(base)
-    os_name = spec.base_os or cat.base_os(base)
-    return Context(cat, base, os_name, ngc)
-
-
-def findings(spec: Spec, catalog: Catalog | None = None) -> list[Finding]:
-    ctx = context_for(spec, catalog)
-    out: list[Finding] = []
-    for fn in RULES:
-        out.extend(fn(spec, ctx))
-    return out
-
-
-def check(spec: Spec, catalog: Catalog | None = None) -> list[Finding]:
-    """All findings; raises SpecErrors (naming the nearest known-good preset) when any is an error."""
-    found = findings(spec, catalog)
-    errors = [f for f in found if f.level == ERROR]
-    if errors:
-        hint = nearest_preset(spec)
-        out = []
-        for f in errors:
-            fix = f.fix
-            if hint:
-                fix = f"{fix}; nearest known-good preset: {hint}" if fix else f"nearest known-good preset: {hint}"
-            out.append(spec.error(f.field, f"{f.reason} [{f.rule}]", fix))
-        raise SpecErrors(out)
-    return found
-
-
 @rule
 def cuda_from_pypi(spec: Spec, ctx: Context):
     """`cuda: {source: pypi}`: the framework's PyPI wheels bring CUDA, cuDNN and NCCL; the spec's
@@ -597,7 +527,3 @@ def cuda_from_pypi(spec: Spec, ctx: Context):
         yield Finding("PYPI_CUDA_BASE", ERROR, "base",
                       f"{ctx.base} already holds CUDA; source: pypi installs it from NVIDIA's wheels",
                       "use a plain OS base (e.g. local/debian:bookworm, ubuntu:24.04) or cuda.source: image", [])
-
-
-# rules kept in their own modules register themselves on import
-from . import rules_distributed, rules_fabric, rules_gpu  # noqa: E402,F401

@@ -1,12 +1,12 @@
 """Rules for `distributed` (how the ranks talk): horovod | torch | tf-multiworker | none.
 
-Registered on import by compat/rules.py (same Finding shape: rule code, reason, fix, sources).
+Run by compat/check.py (same Finding shape: rule code, reason, fix, sources).
 """
 
 from __future__ import annotations
 
 from ..spec import Spec
-from .rules import ERROR, WARN, Context, Finding, rule
+from .finding import ERROR, WARN, Context, Finding, rule
 
 
 @rule

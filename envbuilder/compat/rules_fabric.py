@@ -1,13 +1,13 @@
 """Rules for the site's fabric (cluster.fabric): NCCL's libfabric plugin (aws-ofi-nccl) x NCCL x
 libfabric combinations known to hang or fall back, and cuda-compat in an image on a fabric job.
-Facts: compat/catalog.yaml `fabrics` and `nccl_plugins` (each with its source). Registered on
-import by compat/rules.py."""
+Facts: compat/catalog.yaml `fabrics` and `nccl_plugins` (each with its source). Run by
+compat/check.py."""
 
 from __future__ import annotations
 
 from ..spec import Spec
 from ..versions import satisfies
-from .rules import ERROR, WARN, Context, Finding, rule
+from .finding import ERROR, WARN, Context, Finding, rule
 from .rules_gpu import COMPAT_RE
 
 

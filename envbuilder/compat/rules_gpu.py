@@ -5,7 +5,7 @@ What is checked: the arch the spec and the site name agree (and agree with a Gra
 what exists per arch (TensorFlow has no aarch64 GPU wheels, pytorch/pytorch images no arm64);
 CUDA 13 needs driver >= 580.65.06 and cannot target compute capability < 7.5; Blackwell needs
 CUDA >= 12.8; the framework's compiled arch list must cover the GPU; forward compatibility
-(cuda-compat) is possible for data-centre GPUs only. Registered on import by compat/rules.py.
+(cuda-compat) is possible for data-centre GPUs only. Run by compat/check.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 
 from ..spec import Spec
 from ..versions import cmp, major, minor
-from .rules import ERROR, INFO, WARN, Context, Finding, rule
+from .finding import ERROR, INFO, WARN, Context, Finding, rule
 
 CC_RE = re.compile(r"^[0-9]{1,2}\.[0-9]$")
 COMPAT_RE = re.compile(r"^cuda-compat-([0-9]+)-([0-9]+)(=.*)?$")

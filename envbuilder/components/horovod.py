@@ -87,7 +87,7 @@ def cuda_cc_list(stack: Stack) -> str | None:
     """'50,60,70,...' from the catalog's arch list of the PyTorch CUDA wheels (None: unknown)."""
     if stack.spec.framework.family != "pytorch" or not stack.spec.cuda:
         return None
-    from ..compat.rules import context_for
+    from ..compat.finding import context_for
     from ..compat.rules_gpu import arch_list
 
     found = arch_list(stack.spec, context_for(stack.spec, stack.catalog))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 
-from ..compat.rules import context_for
+from ..compat.finding import context_for
 from ..quoting import shell_word
 from ..compat.rules_gpu import COMPAT_RE, arch_list
 from ..resolve import Stack

@@ -31,7 +31,7 @@ from .errors import EnvbuilderError
 from .redact import redact_url
 
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
-NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+VARIABLE_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # a shell variable reference kept live by shell_dq: $NAME, ${NAME} or ${NAME:-}, nothing more
 _VAR_RE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*(?::-)?\})")
 # what sbatch's option parser takes unquoted in a #SBATCH line (no space, quote, #, \)
@@ -112,7 +112,7 @@ def metadata_words(values) -> str:
 
 def shell_assign(name: str, value: str, what: str = "value") -> str:
     """NAME='value' (the name checked as a shell variable name)."""
-    if not NAME_RE.fullmatch(name):
+    if not VARIABLE_NAME_RE.fullmatch(name):
         raise UnsafeValue(what, f"{name!r} is not a variable name", "use letters, digits and _")
     return f"{name}={shell_word(value, what)}"
 
@@ -154,7 +154,7 @@ def image_ref(value: str, what: str = "base") -> str:
 def apptainer_export(name: str, value: str, what: str = "env", *, expand: bool = False) -> str:
     """One %environment line (the section is sourced by /bin/sh at every container start):
     literal values single-quoted, so the image holds what Docker's ENV holds."""
-    if not NAME_RE.fullmatch(name):
+    if not VARIABLE_NAME_RE.fullmatch(name):
         raise UnsafeValue(what, f"{name!r} is not a variable name", "use letters, digits and _")
     if expand:
         return f'export {name}="{shell_dq(value, what)}"'

@@ -15,8 +15,8 @@ from .runtimes import JOB_RUNTIMES
 # Every pattern is used with re.fullmatch (Python's `$` also matches before a final newline)
 # and written so that no two branches can match the same text (linear time on any input).
 # The numeric part, then a suffix that cannot start with a digit or a `.digit`: 2.13.0+cpu, 1.2rc1
-VERSION_RE = re.compile(r"[0-9]+(?:\.[0-9]+)*(?:\.?[a-z+_-][a-z0-9.+_-]*)?")
-NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+SPEC_VERSION_RE = re.compile(r"[0-9]+(?:\.[0-9]+)*(?:\.?[a-z+_-][a-z0-9.+_-]*)?")
+SPEC_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 SLURM_TIME_RE = re.compile(r"(?:[0-9]{1,4}-)?(?:[0-9]{1,2}:)?[0-9]{1,2}:[0-9]{2}|[0-9]{1,7}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 MEM_RE = re.compile(r"[0-9]{1,9}[KMGT]?")
@@ -99,7 +99,7 @@ RUN_TIME_FIX = ("leave it out; give it at run time: export it in your shell befo
 
 SPEC_FIELDS: dict[str, Field] = {
     "name": s("Image and folder name (lower case, digits, . _ -).", required=True,
-              pattern=NAME_RE, pattern_hint="lower case letters, digits, '.', '_' or '-'",
+              pattern=SPEC_NAME_RE, pattern_hint="lower case letters, digits, '.', '_' or '-'",
               example="tf-horovod-gpu"),
     "description": s("One line shown in `envbuilder presets` and the image's labels."),
     "framework": obj("The deep-learning framework.", {
@@ -308,7 +308,7 @@ def _check(path: str, f: Field, value, doc, errors: list, source):
             errors.append(_type_error(path, f, value, doc, source))
             return None
         value = str(value)
-        if len(value) > MAX_VERSION or not VERSION_RE.fullmatch(value):
+        if len(value) > MAX_VERSION or not SPEC_VERSION_RE.fullmatch(value):
             errors.append(EnvbuilderError(path, f"{shown(value)} is not a version",
                                           "give an exact version such as \"2.12.1\" (no ranges, no `latest`)",
                                           line=doc.line_of(path), source=source))
@@ -485,7 +485,7 @@ def _json_schema(f: Field) -> dict:
             out["pattern"] = _anchored(f.pattern)
     elif f.kind == "version":
         out["type"] = ["string", "integer"]
-        out["pattern"] = _anchored(VERSION_RE)
+        out["pattern"] = _anchored(SPEC_VERSION_RE)
     elif f.kind == "integer":
         out["type"] = "integer"
         if f.minimum is not None:

@@ -41,8 +41,9 @@ SEPARATE_GROUPS = ("build",)
 # full-match patterns (re.fullmatch): a lock value never carries a newline into a recipe
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
-VERSION_RE = re.compile(r"[A-Za-z0-9.+!_:~-]{1,128}")
+# a locked package's name and version (apt, pip, source tarballs, conda), as the lock records them
+PACKAGE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+PACKAGE_VERSION_RE = re.compile(r"[A-Za-z0-9.+!_:~-]{1,128}")
 FILE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+%!-]{0,254}")
 TIME_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]{2,20}(?:Z|[+-][0-9]{2}:[0-9]{2})?")
 # bounds on a lock read (a GPU stack's lock is about 200 KB; conda adds a few hundred KB)
@@ -261,8 +262,8 @@ def check_entries(lock: Lock) -> None:
             raise _err(p, f"apt.{stage}", "is not a list")
         seen = set()
         for e in entries:
-            if not isinstance(e, dict) or not NAME_RE.fullmatch(str(e.get("name", ""))) \
-                    or not VERSION_RE.fullmatch(str(e.get("version", ""))):
+            if not isinstance(e, dict) or not PACKAGE_NAME_RE.fullmatch(str(e.get("name", ""))) \
+                    or not PACKAGE_VERSION_RE.fullmatch(str(e.get("version", ""))):
                 raise _err(p, f"apt.{stage}", f"entry {e!r} needs a package name and a version")
             where = f"apt.{stage}: {e['name']}"
             if e["name"] in seen:
@@ -271,7 +272,7 @@ def check_entries(lock: Lock) -> None:
             if e.get("sha256") is not None and not SHA256_RE.fullmatch(str(e["sha256"])):
                 raise _err(p, where, f"sha256 {e['sha256']!r} is not 64 hex digits")
     for e in lock.sources:
-        if not isinstance(e, dict) or not NAME_RE.fullmatch(str(e.get("name", ""))):
+        if not isinstance(e, dict) or not PACKAGE_NAME_RE.fullmatch(str(e.get("name", ""))):
             raise _err(p, "sources", f"entry {str(e)[:80]!r} has no valid name")
         where = f"sources: {e['name']}"
         if not URL_RE.fullmatch(str(e.get("url", ""))) or not FILE_RE.fullmatch(str(e.get("file", ""))):
@@ -289,7 +290,7 @@ def check_entries(lock: Lock) -> None:
         if not isinstance(lock.pip[group], list):
             raise _err(p, f"pip.{group}", "is not a list")
         for e in lock.pip[group]:
-            if not isinstance(e, dict) or not NAME_RE.fullmatch(str(e.get("name", ""))):
+            if not isinstance(e, dict) or not PACKAGE_NAME_RE.fullmatch(str(e.get("name", ""))):
                 raise _err(p, f"pip.{group}", f"entry {e!r} has no valid name")
             where = f"pip.{group}: {e['name']}"
             key = canonical_name(e["name"])
@@ -301,7 +302,7 @@ def check_entries(lock: Lock) -> None:
                 if key not in seen and e.get("overrides") is not None:
                     raise _err(p, where, f"overrides {e['overrides']} but no earlier group lists it")
                 seen[key] = (group, e.get("version"))
-            if not VERSION_RE.fullmatch(str(e.get("version", ""))):
+            if not PACKAGE_VERSION_RE.fullmatch(str(e.get("version", ""))):
                 raise _err(p, where, f"version {str(e.get('version'))[:80]!r} is not a version")
             if not FILE_RE.fullmatch(str(e.get("file", ""))):
                 raise _err(p, where, f"file {str(e.get('file'))[:80]!r} is not a file name")

@@ -36,7 +36,7 @@ SUITE_MODULE = SMOKE_DIR
 IMAGE_MANIFEST = MANIFEST_IN_IMAGE
 TOOLS = {"tar2sqfs": "squashfs-tools-ng", "siftool": "siftool"}
 ROOM_FACTOR = 2.0        # the saved archive and the SquashFS, side by side
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")     # a plain file name
+FILE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")     # a plain file name
 
 
 def require_tools(names=("tar2sqfs", "siftool")) -> dict[str, str]:
@@ -173,7 +173,7 @@ def assemble(siftool: str, dest: Path, *, deffile: bytes, labels: dict, manifest
 def sif_name(manifest: dict) -> str:
     """The manifest's `name`, which becomes a file name: a plain one (no folder, no /)."""
     name = manifest.get("name") or "image"
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name) or name in (".", ".."):
+    if not isinstance(name, str) or not FILE_NAME_RE.fullmatch(name) or name in (".", ".."):
         raise EnvbuilderError("manifest.json: name", f"{str(name)[:80]!r} is not a plain file name",
                               "use letters, digits, '.', '_' or '-' (as `envbuilder build` writes it)")
     return name

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ..paths import MANIFEST_IN_IMAGE as IMAGE_MANIFEST, SMOKE_DIR
 from ..quoting import sbatch_value, shell_assign, shell_default, shell_word
-from ..slurm.job import HostSoftware, JobPlan, SiteMpi
+from ..slurm.job import HostSoftware, Image, JobPlan, SiteMpi
 from .common import header
 from .sbatch_sections import nodelocal, preflight, staging, tfconfig, vetting
 
@@ -52,10 +52,8 @@ def _directives(plan: JobPlan) -> list[str]:
     return [f"#SBATCH --{opt}={sbatch_value(value, what)}" for opt, value, what in d]
 
 
-def _image_default(plan: JobPlan) -> str:
+def _image_default(img: Image) -> str:
     """Inside "${ENVBUILDER_IMAGE:-...}": $NAME references expand, nothing else does."""
-    assert plan.image is not None
-    img = plan.image
     shown = shell_default(img.path, "cluster.image_path") if img.from_spec else img.path
     return "$JOB_DIR/" + shown if img.under_job_dir else shown
 
@@ -87,8 +85,8 @@ def _paths(plan: JobPlan) -> list[str]:
         "# through the submit directory)",
         'JOB_DIR="${ENVBUILDER_DIR:-${SLURM_SUBMIT_DIR:-$PWD}}"',
     ]
-    if plan.runtime.container:
-        out.append(f'IMAGE="${{ENVBUILDER_IMAGE:-{_image_default(plan)}}}"')
+    if plan.image:
+        out.append(f'IMAGE="${{ENVBUILDER_IMAGE:-{_image_default(plan.image)}}}"')
         out += plan.runtime.check_image
         out.append("export IMAGE   # node_setup checks it on every node")
     if plan.sweep:

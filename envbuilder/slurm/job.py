@@ -10,6 +10,7 @@ name them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from ..components.framework import cpu_env as framework_cpu_env
 from ..resolve import Stack
@@ -96,7 +97,7 @@ class JobPlan:
     runtime: JobRuntime
     resources: Resources
     pmi: str                         # srun --mpi=<pmi>: the PMI the image's MPI speaks (F1)
-    launch_mode: str                 # "srun": one task per rank; "torchrun": one task per node
+    launch_mode: Literal["srun", "torchrun"]   # srun: one Slurm task per rank; torchrun: one per node
     ranks_per_node: int
     torch_srun: bool                 # torch.distributed started by srun (rank_main sets its variables)
     pmix_modules: tuple[tuple[str, str, str], ...]   # (offered, client parameter, module) to hand over

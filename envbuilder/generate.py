@@ -16,8 +16,9 @@ from .render.apptainer import render_apptainer
 from .render.dockerfile import render_dockerfile
 from .render.manifest import render_manifest
 from .render.sbatch import render_epilog, render_sbatch
-from .slurm.nodelocal import EPILOG
+from .render.sbatch_sections.nodelocal import EPILOG
 from .resolve import Stack, resolve
+from .slurm.job import plan_job
 from .spec import Spec
 
 SMOKE_SOURCE = Path(__file__).resolve().parent / "smoke"
@@ -75,8 +76,9 @@ def files_for(stack: Stack) -> Output:
         recipes["Dockerfile"] = render_dockerfile(plan, sha).encode()
     if "apptainer" in spec.targets:
         recipes["Apptainer.def"] = render_apptainer(plan, sha).encode()
-    recipes["job.sbatch"] = render_sbatch(stack).encode()
-    epilog = render_epilog(stack)
+    job = plan_job(stack)
+    recipes["job.sbatch"] = render_sbatch(job).encode()
+    epilog = render_epilog(job)
     if epilog is not None:          # cluster.local_cleanup: epilog: what the site installs
         recipes[EPILOG] = epilog.encode()
     if lock is not None:

@@ -101,23 +101,26 @@ def _check_paths(folder: Path, files: dict[str, bytes], force: bool = False) -> 
                                   f"remove the link {folder / owned}, or choose another folder with --out DIR")
 
 
-# folders the operating system owns: the file system's root, every folder directly under it, and
-# everything below these (the Filesystem Hierarchy Standard's system trees; /var's but for its tmp)
-SYSTEM_TREES = ("bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "run", "sbin",
-                "sys", "usr", "var/cache", "var/lib", "var/log", "var/mail", "var/spool")
+# folders the operating system owns: the file system's root, every folder directly under it, the
+# folders directly under /var and /run (/var/lib, /run/user, ...: their subfolders belong to
+# whoever made them), and everything below the trees the package manager and the kernel own
+SYSTEM_TREES = ("bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "sys", "usr")
+SHARED_ROOTS = ("var", "run")
 
 
 def system_folder(folder: Path) -> str | None:
     """Why FOLDER (as it resolves, links followed) belongs to the system, or None."""
     real = Path(os.path.realpath(Path(folder).expanduser()))
     leads = f"it leads to {real}: " if real != Path(folder).absolute() else ""
-    if real == Path("/"):
+    parts = real.parts[1:]
+    if not parts:
         return f"{leads}the file system's root"
-    if real.parent == Path("/"):
+    if len(parts) == 1:
         return f"{leads}a folder directly under /"
-    for tree in SYSTEM_TREES:
-        if real.is_relative_to(Path("/") / tree):
-            return f"{leads}inside /{tree}"
+    if parts[0] in SYSTEM_TREES:
+        return f"{leads}inside /{parts[0]}"
+    if len(parts) == 2 and parts[0] in SHARED_ROOTS:
+        return f"{leads}a folder directly under /{parts[0]}"
     return None
 
 

@@ -372,7 +372,7 @@ def test_a_link_in_the_output_folder_is_refused_and_nothing_outside_is_touched(t
     assert sorted(p.name for p in repo.iterdir()) == ["images", "src"]
 
 
-SYSTEM_FOLDERS = ("/", "/etc", "/usr/local/share", "/var/lib/envbuilder", "/tmp")
+SYSTEM_FOLDERS = ("/", "/etc", "/usr/local/share", "/var/lib", "/tmp")
 
 
 @pytest.mark.parametrize("folder", SYSTEM_FOLDERS)

@@ -275,7 +275,7 @@ def test_who_removes_the_node_local_folder_follows_the_site_profile(cli, write_s
 def test_the_node_epilog_removes_only_the_jobs_marked_folder(tmp_path):
     """The Epilog slurmd runs as root: a real folder with the marker goes; a link (and what it
     points at), an unmarked folder, another job's folder, a job id that is not a number stay."""
-    from envbuilder.slurm.nodelocal import epilog_text
+    from envbuilder.render.sbatch_sections.nodelocal import epilog_text
 
     root = tmp_path / "local"
     root.mkdir()

@@ -1,4 +1,4 @@
-"""TF_CONFIG for `distributed: tf-multiworker` (envbuilder/slurm/tfconfig.py): job.sbatch sets it in
+"""TF_CONFIG for `distributed: tf-multiworker` (envbuilder/render/sbatch_sections/tfconfig.py): job.sbatch sets it in
 every task from the step's node list and tasks per node, so an unchanged script that builds
 tf.distribute.MultiWorkerMirroredStrategy() with the default resolver trains across nodes.
 

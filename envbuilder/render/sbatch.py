@@ -1,6 +1,6 @@
-"""Stack -> job.sbatch: the Slurm wrapper (hybrid model: srun starts one container per rank).
-
-The script, section by section (each section's comment in the output says why):
+"""JobPlan -> job.sbatch: the Slurm wrapper (hybrid model: srun starts one container per rank).
+Every decision is the plan's (slurm/job.py); this module and sbatch_sections/ only write it as
+bash. The script, section by section (each section's comment in the output says why):
 
     #SBATCH directives        resources from the spec / site profile; an array for a sweep
     paths                     job folder, image, output folder (rank 0 writes checkpoints/logs)
@@ -18,102 +18,64 @@ in the generated script name them.
 
 from __future__ import annotations
 
-from ..components.framework import cpu_env as framework_cpu_env
 from ..paths import MANIFEST_IN_IMAGE as IMAGE_MANIFEST, SMOKE_DIR
-from ..resolve import Stack
-from ..runtimes import Runtime, runtime as runtime_for
-from ..slurm import nodelocal, preflight, staging, sweeps, tfconfig, vetting
 from ..quoting import sbatch_value, shell_assign, shell_default, shell_word
+from ..slurm.job import HostSoftware, Image, JobPlan, SiteMpi
 from .common import header
-
-# The runtimes (how one rank enters the image) are classes in envbuilder/runtimes/, one file each;
-# this module asks one for its job_* lines.
+from .sbatch_sections import nodelocal, preflight, staging, tfconfig, vetting
 
 
-# --- facts the script needs ---------------------------------------------------------------------
-
-def pmi_plugin(stack: Stack) -> str:
-    cl, spec = stack.spec.cluster, stack.spec
-    if cl.pmi:
-        return cl.pmi
-    if spec.mpi:
-        return spec.mpi.pmi
-    if stack.ngc and stack.ngc.get("mpi"):
-        return "pmix"
-    return "none"
-
-
-def ntasks_per_node(stack: Stack) -> int:
-    """Ranks per node (torchrun mode: what torchrun starts on each node's one task)."""
-    cl = stack.spec.cluster
-    return cl.ntasks_per_node or cl.gpus_per_node or 1
-
-
-def torchrun_mode(stack: Stack) -> bool:
-    d = stack.spec.distributed
-    return d.torch and d.launcher == "torchrun"
-
-
-def _directives(stack: Stack, combos: list[dict]) -> list[str]:
-    cl = stack.spec.cluster
-    d = [("job-name", stack.spec.name, "name")]
-    if cl.partition:
-        d.append(("partition", cl.partition, "cluster.partition"))
-    if cl.account:
-        d.append(("account", cl.account, "cluster.account"))
-    d.append(("nodes", cl.nodes, "cluster.nodes"))
-    per_node = ntasks_per_node(stack)
-    # torchrun mode: one Slurm task per node; torchrun starts the node's ranks itself
-    d.append(("ntasks-per-node", 1 if torchrun_mode(stack) else per_node, "cluster.ntasks_per_node"))
-    if cl.gpus_per_node:
+def _directives(plan: JobPlan) -> list[str]:
+    res = plan.resources
+    d: list[tuple[str, object, str]] = [("job-name", plan.name, "name")]
+    if res.partition:
+        d.append(("partition", res.partition, "cluster.partition"))
+    if res.account:
+        d.append(("account", res.account, "cluster.account"))
+    d.append(("nodes", res.nodes, "cluster.nodes"))
+    d.append(("ntasks-per-node", res.tasks_per_node, "cluster.ntasks_per_node"))
+    if res.gpus_per_node:
         # every rank sees all GPUs of its node and picks one by local rank: CUDA IPC between
         # ranks keeps working (F4: nccl#129, pyxis#73)
-        d.append(("gpus-per-node", cl.gpus_per_node, "cluster.gpus_per_node"))
-    if cl.cpus_per_task:
-        cpus = cl.cpus_per_task * (per_node if torchrun_mode(stack) else 1)
-        d.append(("cpus-per-task", cpus, "cluster.cpus_per_task"))
-    if cl.mem_per_cpu:
-        d.append(("mem-per-cpu", cl.mem_per_cpu, "cluster.mem_per_cpu"))
-    if cl.time:
-        d.append(("time", cl.time, "cluster.time"))
-    if combos:
-        d.append(("array", f"0-{len(combos) - 1}", "cluster.sweep"))
+        d.append(("gpus-per-node", res.gpus_per_node, "cluster.gpus_per_node"))
+    if res.cpus_per_task:
+        d.append(("cpus-per-task", res.cpus_per_task, "cluster.cpus_per_task"))
+    if res.mem_per_cpu:
+        d.append(("mem-per-cpu", res.mem_per_cpu, "cluster.mem_per_cpu"))
+    if res.time:
+        d.append(("time", res.time, "cluster.time"))
+    if plan.sweep:
+        d.append(("array", f"0-{len(plan.sweep) - 1}", "cluster.sweep"))
         d.append(("output", "%x-%A_%a.out", "output"))
     else:
         d.append(("output", "%x-%j.out", "output"))
     return [f"#SBATCH --{opt}={sbatch_value(value, what)}" for opt, value, what in d]
 
 
-def _image_default(stack: Stack, rt: Runtime) -> str:
+def _image_default(img: Image) -> str:
     """Inside "${ENVBUILDER_IMAGE:-...}": $NAME references expand, nothing else does."""
-    path = stack.spec.cluster.image_path
-    if path:
-        shown = shell_default(path, "cluster.image_path")
-        if path.startswith(("/", "$", "~")) or "://" in path:
-            return shown
-        return "$JOB_DIR/" + shown
-    return f"$JOB_DIR/{stack.spec.name}{rt.image_suffix}"
+    shown = shell_default(img.path, "cluster.image_path") if img.from_spec else img.path
+    return "$JOB_DIR/" + shown if img.under_job_dir else shown
 
 
 # --- sections -------------------------------------------------------------------------------------
 
-def _usage(stack: Stack, rt: Runtime, combos: list[dict]) -> list[str]:
+def _usage(plan: JobPlan) -> list[str]:
     lines = [
         "Submit from this folder: sbatch job.sbatch [COMMAND...]   (default: "
-        + ("cluster.command" if stack.spec.cluster.command else "the smoke suite") + ")",
+        + ("cluster.command" if plan.command else "the smoke suite") + ")",
         "Overrides (environment): ENVBUILDER_DIR (this folder), "
-        + ("ENVBUILDER_IMAGE, " if rt.container else "ENVBUILDER_VENV, ")
+        + ("ENVBUILDER_IMAGE, " if plan.runtime.container else "ENVBUILDER_VENV, ")
         + "OUTPUT_DIR, ENVBUILDER_LOCAL (node-local folder),",
         "  NCCL_SOCKET_IFNAME, ENVBUILDER_TENSORBOARD=1, ENVBUILDER_TIMELINE=1.",
     ]
-    if combos:
-        lines.append(f"Sweep: {len(combos)} array tasks; task i gets combination i and "
+    if plan.sweep:
+        lines.append(f"Sweep: {len(plan.sweep)} array tasks; task i gets combination i and "
                      "its own folder $OUTPUT_DIR.")
     return lines
 
 
-def _paths(stack: Stack, rt: Runtime, combos: list[dict]) -> list[str]:
-    cl = stack.spec.cluster
+def _paths(plan: JobPlan) -> list[str]:
     out = [
         "",
         "note() { echo \"envbuilder: $*\" >&2; }",
@@ -123,11 +85,11 @@ def _paths(stack: Stack, rt: Runtime, combos: list[dict]) -> list[str]:
         "# through the submit directory)",
         'JOB_DIR="${ENVBUILDER_DIR:-${SLURM_SUBMIT_DIR:-$PWD}}"',
     ]
-    if rt.container:
-        out.append(f'IMAGE="${{ENVBUILDER_IMAGE:-{_image_default(stack, rt)}}}"')
-        out += rt.job_check_image()
+    if plan.image:
+        out.append(f'IMAGE="${{ENVBUILDER_IMAGE:-{_image_default(plan.image)}}}"')
+        out += plan.runtime.check_image
         out.append("export IMAGE   # node_setup checks it on every node")
-    if combos:
+    if plan.sweep:
         out.append('OUTPUT_DIR="${OUTPUT_DIR:-$JOB_DIR/runs/${SLURM_ARRAY_JOB_ID:-local}}/'
                    'task-${SLURM_ARRAY_TASK_ID:-0}"')
     else:
@@ -141,24 +103,25 @@ def _paths(stack: Stack, rt: Runtime, combos: list[dict]) -> list[str]:
         'mkdir -p "$CHECKPOINT_DIR" "$TENSORBOARD_DIR"',
         "export OUTPUT_DIR CHECKPOINT_DIR TENSORBOARD_DIR",
         "# Node-local folder of this job on every node: throw-away HOME, staged data",
-        'LOCAL_ROOT="${ENVBUILDER_LOCAL:-' + (shell_default(cl.local_scratch, "cluster.local_scratch") if cl.local_scratch
+        'LOCAL_ROOT="${ENVBUILDER_LOCAL:-' + (shell_default(plan.local_root, "cluster.local_scratch") if plan.local_root
                                              else "${SLURM_TMPDIR:-${TMPDIR:-/tmp}}") + '}"',
         'JOB_LOCAL="$LOCAL_ROOT/envbuilder.${SLURM_JOB_ID:-$$}"',
         "export JOB_LOCAL",
     ]
-    out += nodelocal.batch_lines(stack, rt.job_cleanup())
+    out += nodelocal.batch_lines(plan)
     return out
 
 
-def _sweep(combos: list[dict]) -> list[str]:
+def _sweep(plan: JobPlan) -> list[str]:
+    combos = plan.sweep
     if not combos:
         return []
-    names = list(combos[0])
+    names = [name for name, _ in combos[0]]
     out = ["",
            "# Hyper-parameter sweep (cluster.sweep / --sweep): array task i runs combination i",
            'case "${SLURM_ARRAY_TASK_ID:-0}" in']
     for i, combo in enumerate(combos):
-        out.append(f"    {i}) " + " ".join(shell_assign(n, v, "cluster.sweep") for n, v in combo.items()) + " ;;")
+        out.append(f"    {i}) " + " ".join(shell_assign(n, v, "cluster.sweep") for n, v in combo) + " ;;")
     out += [f'    *) die "array task ${{SLURM_ARRAY_TASK_ID:-}} is outside the sweep (0-{len(combos) - 1})" ;;',
             "esac",
             "export " + " ".join(names),
@@ -169,27 +132,26 @@ def _sweep(combos: list[dict]) -> list[str]:
     return out
 
 
-def _environment(stack: Stack, rt: Runtime) -> list[str]:
-    spec, cl = stack.spec, stack.spec.cluster
+def _environment(plan: JobPlan) -> list[str]:
+    net = plan.network
     out = [
         "",
         "# Cores per rank: srun must be told again (Slurm >= 22.05 no longer passes",
         "# --cpus-per-task to steps; reframe#2655); threads follow the cores",
         'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"',
     ]
-    if torchrun_mode(stack):
+    if plan.torchrun:
         out += ["# torchrun mode: the node's task holds the cores of all its ranks",
                 "# (ENVBUILDER_RANKS_PER_NODE: what `envbuilder verify --slurm --ranks N` asks)",
-                f'RANKS_PER_NODE="${{ENVBUILDER_RANKS_PER_NODE:-{ntasks_per_node(stack)}}}"',
+                f'RANKS_PER_NODE="${{ENVBUILDER_RANKS_PER_NODE:-{plan.ranks_per_node}}}"',
                 'export OMP_NUM_THREADS=$(( SRUN_CPUS_PER_TASK / RANKS_PER_NODE > 0 ? '
                 'SRUN_CPUS_PER_TASK / RANKS_PER_NODE : 1 ))']
     else:
         out.append('export OMP_NUM_THREADS="$SRUN_CPUS_PER_TASK"')
-    cpu_env = framework_cpu_env(stack) if stack.cpu_threads_env else {}
-    if cpu_env:
+    if plan.cpu_env:
         out.append("# CPU TensorFlow: oneDNN on, OpenMP threads do not spin, compact binding (seeds);")
         out.append("# the smoke suite's env.cpu_threads checks every rank sees these (manifest cpu_env)")
-        out.append("export " + " ".join(shell_assign(k, v) for k, v in cpu_env.items()))
+        out.append("export " + " ".join(shell_assign(k, v) for k, v in plan.cpu_env))
     out += [
         "# Hygiene (F5, F9): no ~/.local packages, no module-set PYTHONPATH, a fixed locale,",
         "# a throw-away HOME per job on node-local storage (caches, ~/.nv, ~/.triton)",
@@ -197,13 +159,13 @@ def _environment(stack: Stack, rt: Runtime) -> list[str]:
         "unset PYTHONPATH PYTHONHOME",
         'export HOME="$JOB_LOCAL/home"',
     ]
-    if spec.cuda:
+    if plan.gpu:
         out += ["# GPUs: JIT caches off the shared file system; NCCL errors surface instead of hanging",
                 "export CUDA_CACHE_DISABLE=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
                 'export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"']
-    if cl.network_interface:
+    if net.interface:
         out += ["# Bootstrap NCCL and Gloo on the site's fast network (a wrong interface hangs init, F10)",
-                f'export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-{shell_default(cl.network_interface, "cluster.network_interface")}}}"',
+                f'export NCCL_SOCKET_IFNAME="${{NCCL_SOCKET_IFNAME:-{shell_default(net.interface, "cluster.network_interface")}}}"',
                 'export GLOO_SOCKET_IFNAME="$NCCL_SOCKET_IFNAME" HOROVOD_GLOO_IFACE="$NCCL_SOCKET_IFNAME"',
                 "# Open MPI (Horovod's MPI controller) otherwise tries every interface between nodes;",
                 "# it takes names only (not NCCL's ^exclude / =exact forms)",
@@ -218,35 +180,34 @@ def _environment(stack: Stack, rt: Runtime) -> list[str]:
                 '       export FI_TCP_IFACE="${FI_TCP_IFACE:-$NCCL_SOCKET_IFNAME}"',
                 '       [ -e /dev/infiniband ] || export UCX_NET_DEVICES="${UCX_NET_DEVICES:-$NCCL_SOCKET_IFNAME}" ;;',
                 'esac']
-    if cl.fabric:
-        out += [f"# The nodes' fabric ({cl.fabric}): verify's fabric check reads it; its tested variables",
+    if net.fabric:
+        out += [f"# The nodes' fabric ({net.fabric}): verify's fabric check reads it; its tested variables",
                 "# (compat/catalog.yaml `fabrics`, each with its source) as defaults; cluster.env overrides",
-                f'export ENVBUILDER_FABRIC="${{ENVBUILDER_FABRIC:-{shell_default(cl.fabric, "cluster.fabric")}}}"']
-        out += [f'export {k}="${{{k}:-{shell_default(v, f"fabrics.{cl.fabric}.env.{k}")}}}"'
-                for k, v in stack.fabric_env.items()]
-    if cl.bandwidth_floor:
-        floors = ";".join(f"{k}={v}" for k, v in cl.bandwidth_floor)
+                f'export ENVBUILDER_FABRIC="${{ENVBUILDER_FABRIC:-{shell_default(net.fabric, "cluster.fabric")}}}"']
+        out += [f'export {k}="${{{k}:-{shell_default(v, f"fabrics.{net.fabric}.env.{k}")}}}"'
+                for k, v in net.fabric_env]
+    if net.bandwidth_floor:
+        floors = ";".join(f"{k}={v}" for k, v in net.bandwidth_floor)
         out += ["# Allreduce bus bandwidth floors (cluster.bandwidth_floor): the smoke suite fails below them",
                 f'export ENVBUILDER_BANDWIDTH_FLOOR="${{ENVBUILDER_BANDWIDTH_FLOOR:-{shell_default(floors, "cluster.bandwidth_floor")}}}"']
-    if cl.env:
+    if plan.env:
         out.append("# The site's and spec's extra variables (cluster.env)")
-        out += ["export " + shell_assign(k, v, f"cluster.env.{k}") for k, v in cl.env]
+        out += ["export " + shell_assign(k, v, f"cluster.env.{k}") for k, v in plan.env]
     out += [
         "# torch.distributed rendezvous: the first node, a port derived from the job id",
         'MASTER_ADDR=$(scontrol show hostnames "${SLURM_JOB_NODELIST:-$(hostname)}" 2>/dev/null | head -n 1)',
         'MASTER_ADDR="${MASTER_ADDR:-$(hostname)}"',
         'export MASTER_ADDR MASTER_PORT=$((20000 + ${SLURM_JOB_ID:-0} % 20000))',
     ]
-    out += tfconfig.batch_lines(stack)
-    if not rt.container:           # the host runtime: the nodes' own software
-        out += _host_env(stack)
+    out += tfconfig.batch_lines(plan)
+    if plan.host:
+        out += _host_env(plan.host)
     return out
 
 
-def _host_env(stack: Stack) -> list[str]:
-    cl = stack.spec.cluster
+def _host_env(host: HostSoftware) -> list[str]:
     out = ["", "# Host runtime: the nodes' own software (environment modules, a virtual environment)"]
-    if cl.modules:
+    if host.modules:
         out += [
             "if ! command -v module >/dev/null 2>&1; then",
             "    for f in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh; do",
@@ -254,9 +215,9 @@ def _host_env(stack: Stack) -> list[str]:
             '        if [ -r "$f" ]; then . "$f"; break; fi',
             "    done",
             "fi",
-            "module load " + " ".join(shell_word(m, "cluster.modules") for m in cl.modules),
+            "module load " + " ".join(shell_word(m, "cluster.modules") for m in host.modules),
         ]
-    venv = f'${{ENVBUILDER_VENV:-{shell_default(cl.venv, "cluster.venv")}}}' if cl.venv else "${ENVBUILDER_VENV:-}"
+    venv = f'${{ENVBUILDER_VENV:-{shell_default(host.venv, "cluster.venv")}}}' if host.venv else "${ENVBUILDER_VENV:-}"
     out += [
         f'VENV="{venv}"',
         'if [ -n "$VENV" ]; then',
@@ -267,8 +228,8 @@ def _host_env(stack: Stack) -> list[str]:
     return out
 
 
-def _binds(stack: Stack, rt: Runtime) -> list[str]:
-    cl = stack.spec.cluster
+def _binds(plan: JobPlan) -> list[str]:
+    container = plan.runtime.container
     out = [
         "",
         "# Bind mounts (cluster.binds): symlinks resolved to real paths, every source checked",
@@ -283,43 +244,41 @@ def _binds(stack: Stack, rt: Runtime) -> list[str]:
         '    binds+=("$src${rest:-:$src}")',
         "}",
     ]
-    for bind in cl.binds:
+    for bind in plan.binds:
         out.append(f"add_bind {shell_word(bind, 'cluster.binds')} cluster.binds")
-    out += _site_mpi_binds(stack, rt)
-    if rt.container:
+    if plan.site_mpi:
+        out += _site_mpi_binds(plan.site_mpi, container)
+    if container:
         out += ["# The job's own folders, at the same paths inside the image",
                 'add_bind "$OUTPUT_DIR" "the output folder"',
                 "make_job_local",
                 'add_bind "$JOB_LOCAL" "the node-local folder"']
-    out += staging.check_lines(stack)
+    out += staging.check_lines(plan)
     out += ["# ...and again on every node by node_setup, before any rank: a path that exists here but",
             "# not on another node stops the job there, naming the node (F7)",
             'ENVBUILDER_BINDS=$(declare -p binds)',
             "export ENVBUILDER_BINDS"]
-    if rt.container:
+    if container:
         out.append("runtime_args=()")
-        out += rt.job_bind_args()
+        out += plan.runtime.bind_args
     return out
 
 
-def _site_mpi_binds(stack: Stack, rt: Runtime) -> list[str]:
+def _site_mpi_binds(site_mpi: SiteMpi, container: bool) -> list[str]:
     """cluster.site_mpi: the site's MPI folders bound at their own paths through the runtime's
     bind arguments (apptainer --bind, charliecloud -b, pyxis --container-mounts: binds[] below),
     put first on the library path by rank_main inside the container, so that the dynamic loader
     picks the site's libmpi before the image's (LD_LIBRARY_PATH is searched before the RUNPATH
     the image's mpicc wrote)."""
-    cl = stack.spec.cluster
-    if not cl.site_mpi:
-        return []
-    paths = [shell_word(p, "cluster.site_mpi") for p in cl.site_mpi]
-    out = ["# The site's MPI (cluster.site_mpi, ABI " + (cl.site_mpi_abi or "unstated") + "): every path bound",
+    paths = [shell_word(p, "cluster.site_mpi") for p in site_mpi.paths]
+    out = ["# The site's MPI (cluster.site_mpi, ABI " + (site_mpi.abi or "unstated") + "): every path bound",
            "# at the same place, its folders first on each rank's library path (rank_main)",
            f"site_mpi=({' '.join(paths)})",
            'site_mpi_path=""',
            'for p in "${site_mpi[@]}"; do',
            '    [ -e "$p" ] || die "site MPI path \'$p\' (cluster.site_mpi) does not exist on $(hostname)"',
            '    p=$(realpath "$p")',
-           '    add_bind "$p" cluster.site_mpi' if rt.container else "    :",
+           '    add_bind "$p" cluster.site_mpi' if container else "    :",
            '    if [ -d "$p" ]; then site_mpi_path="${site_mpi_path:+$site_mpi_path:}$p"; '
            'else site_mpi_path="${site_mpi_path:+$site_mpi_path:}${p%/*}"; fi',
            "done",
@@ -327,31 +286,22 @@ def _site_mpi_binds(stack: Stack, rt: Runtime) -> list[str]:
            'ENVBUILDER_SITE_MPI_DIR=${site_mpi_path%%:*}   # where verify expects every rank\'s libmpi',
            'ENVBUILDER_SITE_MPI_LIST=$(declare -p site_mpi)',
            "export ENVBUILDER_SITE_MPI_PATH ENVBUILDER_SITE_MPI_DIR ENVBUILDER_SITE_MPI_LIST"]
-    for key, value in cl.site_mpi_env:
+    for key, value in site_mpi.env:
         out.append(f"export {key}={shell_word(value, 'cluster.site_mpi_env')}")
     return out
 
 
-# Slurm's pmix plugin offers each task the server's PMIx modules (PMIX_SECURITY_MODE=munge,native and
-# PMIX_GDS_MODULE=ds21,ds12,hash from Slurm 22.05's pmix_v4 here). pyxis hands them to the client in
-# the container as PMIX_MCA_psec/gds/ptl (NVIDIA/pyxis pyxis_slurmstepd.c, pmix_remap_list), but a
-# client stops at a listed module it lacks ("psec munge" not found: pyxis #139, and the Open MPI wheel
-# here). So the client gets the module every PMIx build has, when the server offers it: native (psec),
-# hash (gds); a value the image set is kept; the transport follows PMIX_SERVER_URI as it is.
-PMIX_COMMON = (("PMIX_SECURITY_MODE", "PMIX_MCA_psec", "native"), ("PMIX_GDS_MODULE", "PMIX_MCA_gds", "hash"))
-
-
-def _pmix_remap(stack: Stack, container: bool) -> list[str]:
-    if not container or not pmi_plugin(stack).startswith("pmix"):
+def _pmix_remap(plan: JobPlan) -> list[str]:
+    if not plan.pmix_modules:
         return []
     out = ["    # srun --mpi=pmix: the PMIx modules the server offers that every client has (not munge)"]
-    for offer, param, module in PMIX_COMMON:
+    for offer, param, module in plan.pmix_modules:
         out.append(f'    if [ -z "${{{param}:-}}" ]; then case ",${{{offer}:-}}," in *,{module},*) '
                    f"export {param}={module} ;; esac; fi")
     return out
 
 
-def _rank_setup(stack: Stack, container: bool) -> list[str]:
+def _rank_setup(plan: JobPlan) -> list[str]:
     return [
         "",
         "# Every rank starts through rank_main: its identity for torch.distributed, and only",
@@ -362,19 +312,19 @@ def _rank_setup(stack: Stack, container: bool) -> list[str]:
         '        export RANK="${SLURM_PROCID:-0}" LOCAL_RANK="${SLURM_LOCALID:-0}" WORLD_SIZE="${SLURM_NTASKS:-1}"',
         '        export LOCAL_WORLD_SIZE="${SLURM_NTASKS_PER_NODE:-${SLURM_TASKS_PER_NODE%%(*}}"',
         "    fi",
-        *_pmix_remap(stack, container),
-        *tfconfig.rank_lines(stack),
-        *preflight.rank_lines(stack),
+        *_pmix_remap(plan),
+        *tfconfig.rank_lines(plan),
+        *preflight.rank_lines(plan),
         *(['    # the site\'s MPI before the image\'s own (cluster.site_mpi)',
            '    export LD_LIBRARY_PATH="$ENVBUILDER_SITE_MPI_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"',
            "    # mpi4py >= 4 dlopens the venv's own lib/libmpi by full path before the loader's search",
            '    export MPI4PY_LIBMPI="$ENVBUILDER_SITE_MPI_DIR"']
-          if stack.spec.cluster.site_mpi else []),
+          if plan.site_mpi else []),
         '    if [ "$RANK" != 0 ]; then unset CHECKPOINT_DIR TENSORBOARD_DIR; fi',
         '    exec "$@"',
         "}",
         "# One task per node: the node-local folder (HOME, staged data)"
-        + (", the GPU preflight" if stack.spec.cuda else ""),
+        + (", the GPU preflight" if plan.gpu else ""),
         "node_setup() {",
         '    mkdir -p "$HOME"',
         '    local b',
@@ -383,27 +333,27 @@ def _rank_setup(stack: Stack, container: bool) -> list[str]:
            '    eval "$ENVBUILDER_SITE_MPI_LIST"',
            '    for p in "${site_mpi[@]}"; do',
            '        [ -e "$p" ] || die "site MPI path \'$p\' (cluster.site_mpi) does not exist on node $(hostname)"',
-           "    done"] if stack.spec.cluster.site_mpi else []),
+           "    done"] if plan.site_mpi else []),
         '    for b in "${binds[@]}"; do',
         '        [ -e "${b%%:*}" ] || die "bind source \'${b%%:*}\' does not exist on node $(hostname)"',
         "    done",
         *(['    case $IMAGE in  # a file or folder (not a registry reference pyxis pulls)',
            '        /*|./*|../*) [ -e "$IMAGE" ] || die "image \'$IMAGE\' does not exist on node $(hostname)" ;;',
-           '    esac'] if container else []),
-        *(["    gpu_preflight"] if stack.spec.cuda else []),
-        *staging.node_setup_lines(stack),
+           '    esac'] if plan.runtime.container else []),
+        *(["    gpu_preflight"] if plan.gpu else []),
+        *staging.node_setup_lines(plan),
         "}",
-        "export -f note die rank_main node_setup" + (" gpu_preflight version_lt" if stack.spec.cuda else "")
-        + tfconfig.export_names(stack),
-        *nodelocal.function_lines(stack),
+        "export -f note die rank_main node_setup" + (" gpu_preflight version_lt" if plan.gpu else "")
+        + tfconfig.export_names(plan),
+        *nodelocal.function_lines(plan),
     ]
 
 
-def _monitoring(stack: Stack, rt: Runtime) -> list[str]:
-    cl = stack.spec.cluster
-    tb = "1" if "tensorboard" in cl.monitor else "0"
-    tl = "1" if "timeline" in cl.monitor else "0"
-    srun_one = f'srun --overlap --nodes=1 --ntasks=1 --nodelist="$MASTER_ADDR" --mpi=none{rt.srun_extra} "${{launch[@]}}"'
+def _monitoring(plan: JobPlan) -> list[str]:
+    tb = "1" if plan.tensorboard else "0"
+    tl = "1" if plan.timeline else "0"
+    srun_one = ('srun --overlap --nodes=1 --ntasks=1 --nodelist="$MASTER_ADDR" --mpi=none'
+                f'{plan.runtime.srun_extra} "${{launch[@]}}"')
     return [
         "",
         "# Monitoring (cluster.monitor): the Horovod timeline is written by rank 0 and covers all",
@@ -425,34 +375,30 @@ def _monitoring(stack: Stack, rt: Runtime) -> list[str]:
     ]
 
 
-def _launch(stack: Stack, rt: Runtime, pmi: str) -> list[str]:
-    cl, spec = stack.spec.cluster, stack.spec
-    gpu_bind = " --gpu-bind=none" if cl.gpus_per_node else ""
-    opts = vetting.rank_opts() if vetting.enabled(stack) else ""
-    out = [""]
-    out += rt.job_launch(spec.cuda is not None)
-    out += [
-        "",
-    ]
-    out += nodelocal.launch_lines(stack)
-    out += vetting.lines(stack, rt.srun_extra, rt.container, torchrun_mode(stack))
-    out += _monitoring(stack, rt)
-    if torchrun_mode(stack):
-        out += _torchrun_launch(stack, rt, gpu_bind + opts)
+def _launch(plan: JobPlan) -> list[str]:
+    rt = plan.runtime
+    gpu_bind = " --gpu-bind=none" if plan.resources.gpus_per_node else ""
+    opts = vetting.rank_opts() if plan.vet_min_nodes else ""
+    out = ["", *rt.launch, ""]
+    out += nodelocal.launch_lines(plan)
+    out += vetting.lines(plan)
+    out += _monitoring(plan)
+    if plan.torchrun:
+        out += _torchrun_launch(plan, gpu_bind + opts)
     else:
         out += [
             "",
-            f"# The hybrid model: srun --mpi={pmi} starts one rank per "
-            + ("GPU" if cl.gpus_per_node else "task") + "; the MPI in the image must speak",
+            f"# The hybrid model: srun --mpi={plan.pmi} starts one rank per "
+            + ("GPU" if plan.resources.gpus_per_node else "task") + "; the MPI in the image must speak",
             "# the same PMI as this Slurm (F1)" + ("; --gpu-bind=none keeps all node GPUs visible (F4)"
                                                  if gpu_bind else ""),
         ]
-        if spec.distributed.torch:
+        if plan.torch_srun:
             out += ["# torch.distributed, srun mode: one task per rank, srun binds its CPUs; rank_main",
                     "# exports RANK/LOCAL_RANK/WORLD_SIZE inside the step (MASTER_ADDR/PORT: above)"]
         out += [
             "run_ranks() {",
-            f"    srun --mpi={pmi} --kill-on-bad-exit=1{gpu_bind}{opts}{rt.srun_extra} \\",
+            f"    srun --mpi={plan.pmi} --kill-on-bad-exit=1{gpu_bind}{opts}{rt.srun_extra} \\",
             "        \"${launch[@]}\" bash -c 'rank_main \"$@\"' rank \"$@\"",
             "}",
         ]
@@ -463,20 +409,20 @@ def _launch(stack: Stack, rt: Runtime, pmi: str) -> list[str]:
         'if [ "$#" -gt 0 ]; then',
         '    run_ranks "$@"',
     ]
-    if cl.command:
+    if plan.command:
         out += ["else",
                 "    # cluster.command (its variables expand here, once for the whole job)",
-                f"    run_ranks {cl.command}"]
+                f"    run_ranks {plan.command}"]
     else:
         out += ["else", "    run_smoke"]
     out.append("fi")
     return out
 
 
-def _torchrun_launch(stack: Stack, rt: Runtime, gpu_bind: str) -> list[str]:
+def _torchrun_launch(plan: JobPlan, gpu_bind: str) -> list[str]:
     """torch.distributed, torchrun mode: one Slurm task per node runs torchrun, which starts the
     node's ranks and meets the other nodes at a c10d rendezvous on the first node."""
-    nnodes = "${RANK_NODES:-${SLURM_JOB_NUM_NODES:-1}}" if vetting.enabled(stack) else "${SLURM_JOB_NUM_NODES:-1}"
+    nnodes = "${RANK_NODES:-${SLURM_JOB_NUM_NODES:-1}}" if plan.vet_min_nodes else "${SLURM_JOB_NUM_NODES:-1}"
     return [
         "",
         "# torchrun mode: one task per node; torchrun starts RANKS_PER_NODE ranks there and the",
@@ -484,7 +430,7 @@ def _torchrun_launch(stack: Stack, rt: Runtime, gpu_bind: str) -> list[str]:
         "# the job id. torchrun cannot bind CPUs per rank (srun mode can)",
         "run_nodes() {",
         f'    srun --mpi=none --kill-on-bad-exit=1 --ntasks-per-node=1 --ntasks="${{SLURM_JOB_NUM_NODES:-1}}"'
-        f'{gpu_bind}{rt.srun_extra} \\',
+        f'{gpu_bind}{plan.runtime.srun_extra} \\',
         '        "${launch[@]}" "$@"',
         "}",
         "run_ranks() {",
@@ -496,9 +442,9 @@ def _torchrun_launch(stack: Stack, rt: Runtime, gpu_bind: str) -> list[str]:
     ]
 
 
-def _smoke(stack: Stack, rt: Runtime) -> list[str]:
+def _smoke(plan: JobPlan) -> list[str]:
     """The smoke suite through this wrapper: what `envbuilder verify --slurm` submits."""
-    gpu = " --require-gpu" if stack.spec.cuda else ""
+    gpu = " --require-gpu" if plan.gpu else ""
     out = [
         "",
         "# No command: the smoke suite, through exactly the path a training job takes. Every rank",
@@ -506,12 +452,12 @@ def _smoke(stack: Stack, rt: Runtime) -> list[str]:
         "# all after ENVBUILDER_SMOKE_TIMEOUT s in one check) and writes the report + the table.",
         "run_smoke() {",
     ]
-    if rt.container:
+    if plan.runtime.container:
         out.append(f'    local manifest="${{ENVBUILDER_MANIFEST:-{IMAGE_MANIFEST}}}"')
     else:
         out += ['    local manifest="${ENVBUILDER_MANIFEST:-$JOB_DIR/manifest.json}"',
                 '    export PYTHONPATH="$JOB_DIR"   # the suite as `envbuilder build` wrote it']
-    if torchrun_mode(stack):
+    if plan.torchrun:
         # the suite's launcher runs on every node and starts torchrun itself; the first node's reports
         out += [
             f"    run_nodes python -m {SMOKE_DIR} --launcher torchrun \\",
@@ -529,35 +475,31 @@ def _smoke(stack: Stack, rt: Runtime) -> list[str]:
     return out
 
 
-def render_sbatch(stack: Stack) -> str:
-    spec = stack.spec
-    rt = runtime_for(spec.cluster.runtime)
-    pmi = pmi_plugin(stack)
-    combos = sweeps.combinations(sweeps.grid(spec.cluster.sweep))
+def render_sbatch(plan: JobPlan) -> str:
     lines = ["#!/bin/bash"]
-    lines += _directives(stack, combos)
-    lines += header("#", f"Slurm job for {spec.name} ({rt.name} runtime)", spec.sha256(),
-                    _usage(stack, rt, combos))
+    lines += _directives(plan)
+    lines += header("#", f"Slurm job for {plan.name} ({plan.runtime.name} runtime)", plan.spec_sha256,
+                    _usage(plan))
     lines += ["set -euo pipefail",
               "ulimit -c 0   # no core-dump floods from many ranks"]
-    lines += _paths(stack, rt, combos)
-    lines += _sweep(combos)
-    lines += _environment(stack, rt)
-    lines += _binds(stack, rt)
-    lines += staging.function_lines(stack)
-    lines += preflight.function_lines(stack)
-    lines += tfconfig.function_lines(stack)
-    lines += _rank_setup(stack, rt.container)
-    if not spec.cluster.command:
-        lines += _smoke(stack, rt)
-    lines += _launch(stack, rt, pmi)
+    lines += _paths(plan)
+    lines += _sweep(plan)
+    lines += _environment(plan)
+    lines += _binds(plan)
+    lines += staging.function_lines(plan)
+    lines += preflight.function_lines(plan)
+    lines += tfconfig.function_lines(plan)
+    lines += _rank_setup(plan)
+    if not plan.command:
+        lines += _smoke(plan)
+    lines += _launch(plan)
     return "\n".join(lines) + "\n"
 
 
-def render_epilog(stack: Stack) -> str | None:
+def render_epilog(plan: JobPlan) -> str | None:
     """slurm-epilog.sh for `cluster.local_cleanup: epilog`: the node Epilog a site installs."""
-    if nodelocal.mode(stack) != "epilog":
+    if plan.cleanup != "epilog":
         return None
-    first, rest = nodelocal.epilog_text(nodelocal.local_root(stack)).split("\n", 1)
-    head = header("#", f"Node Epilog for the jobs of {stack.spec.name}", stack.spec.sha256(), [])
+    first, rest = nodelocal.epilog_text(plan.epilog_root).split("\n", 1)
+    head = header("#", f"Node Epilog for the jobs of {plan.name}", plan.spec_sha256, [])
     return "\n".join([first, *head, rest])

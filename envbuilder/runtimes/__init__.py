@@ -7,8 +7,8 @@
     host.py          the nodes' own Python    job.sbatch + verify
     docker.py        docker                   verify
 
-A class answers both job.sbatch's questions (render/sbatch.py: check the image, binds, the launch
-prefix, cleanup) and verify's (verify/runner.py: the default image, the suite's command line,
+A class answers both job.sbatch's questions (slurm/job.py puts them in the JobPlan: check the
+image, binds, the launch prefix, cleanup) and verify's (verify/runner.py: the default image, the suite's command line,
 the checks and preparation around it; verify/slurm.py: what the job gets). A new runtime: a file
 here, one line in REGISTRY; the spec's enum and the --runtime choices follow from it.
 """

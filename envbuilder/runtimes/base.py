@@ -4,8 +4,9 @@ platform that both checks and emits its launch command:
 - verify's half: the image to use when none is given, the command line that runs the smoke suite
   (``command``: pure, for tests and messages), and ``session``: the checks before it runs, the
   preparation (a conversion, a mount) and the cleanup after it, around that command line;
-- job.sbatch's half (``job_*``, render/sbatch.py): shell lines that check the image, turn binds
-  into the runtime's arguments, set the launch prefix srun runs on every rank, clean up;
+- job.sbatch's half (``job_*``, read once into the JobPlan by slurm/job.py): shell lines that check
+  the image, turn binds into the runtime's arguments, set the launch prefix srun runs on every
+  rank, clean up;
   ``slurm_env`` is what `verify --slurm` hands the job for this runtime.
 
 A runtime imports nothing above it (no verify, no render): verify hands it the suite's arguments.

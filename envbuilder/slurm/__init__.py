@@ -1,5 +1,6 @@
-"""Slurm: site profiles, sweeps, data staging, and `verify --slurm` (submit + collect).
+"""Slurm: site profiles and job options (sites.py, options.py), sweeps, the job's plan (job.py:
+JobPlan, every decision of the job script; preflight.py: what the GPU preflight checks) and the
+report of a `verify --slurm` job (collect.py, placement.py).
 
-The job script itself is rendered by ``render/sbatch.py``; this package computes what goes
-into it (``options.job_cluster``) and runs it for real (``submit``, ``collect``).
+The job script is written from the JobPlan by ``render/sbatch.py``; ``verify/slurm.py`` submits it.
 """

@@ -26,18 +26,12 @@ cluster.env) is kept, and the job's log says so, unless distributed.tf_config is
 
 from __future__ import annotations
 
-from ..resolve import Stack
-
-MODES = ("keep", "replace")
+from ...slurm.job import JobPlan
 
 
-def wanted(stack: Stack) -> bool:
-    return stack.spec.distributed.kind == "tf-multiworker"
-
-
-def function_lines(stack: Stack) -> list[str]:
+def function_lines(plan: JobPlan) -> list[str]:
     """Bash functions (exported into the step): hostlist and tasks-per-node parsers, tf_config."""
-    if not wanted(stack):
+    if plan.tf_config is None:
         return []
     return [
         "",
@@ -123,15 +117,15 @@ def function_lines(stack: Stack) -> list[str]:
     ]
 
 
-def export_names(stack: Stack) -> str:
-    return " tf_hosts tf_host tf_counts tf_config" if wanted(stack) else ""
+def export_names(plan: JobPlan) -> str:
+    return " tf_hosts tf_host tf_counts tf_config" if plan.tf_config is not None else ""
 
 
-def batch_lines(stack: Stack) -> list[str]:
+def batch_lines(plan: JobPlan) -> list[str]:
     """Once, in the batch script: keep a TF_CONFIG the job was given, or have every task set one."""
-    if not wanted(stack):
+    if plan.tf_config is None:
         return []
-    replace = stack.spec.distributed.tf_config == "replace"
+    replace = plan.tf_config == "replace"
     keep = [
         'if [ -n "${TF_CONFIG:-}" ]; then',
         "    ENVBUILDER_TF_CONFIG=kept",
@@ -153,9 +147,9 @@ def batch_lines(stack: Stack) -> list[str]:
     ]
 
 
-def rank_lines(stack: Stack) -> list[str]:
+def rank_lines(plan: JobPlan) -> list[str]:
     """Inside each task (rank_main): TF_CONFIG for this task."""
-    if not wanted(stack):
+    if plan.tf_config is None:
         return []
     return [
         '    if [ "${ENVBUILDER_TF_CONFIG:-}" = slurm ]; then',

@@ -9,15 +9,11 @@ before any rank starts. `ENVBUILDER_VET_MIN_NODES` at submit time overrides the 
 
 from __future__ import annotations
 
-from ..paths import SMOKE_DIR
-from ..resolve import Stack
+from ...paths import SMOKE_DIR
+from ...slurm.job import JobPlan
 
 TAG = "envbuilder-vet"          # what envbuilder_smoke.vet prints first on its line
 SLOW_FRACTION = 2               # a node computing at less than 1/2 of the best node's rate is left out
-
-
-def enabled(stack: Stack) -> bool:
-    return bool(stack.spec.cluster.vet_min_nodes)
 
 
 def rank_opts() -> str:
@@ -26,20 +22,21 @@ def rank_opts() -> str:
     return ' ${rank_opts[@]+"${rank_opts[@]}"}'
 
 
-def lines(stack: Stack, srun_extra: str, container: bool, torchrun: bool) -> list[str]:
-    """After the node set-up step, before any rank: the vetting step and its verdict. TORCHRUN:
-    the ranks' step has one task per node (torchrun starts the node's ranks)."""
-    if not enabled(stack):
+def lines(plan: JobPlan) -> list[str]:
+    """After the node set-up step, before any rank: the vetting step and its verdict. In torchrun
+    mode the ranks' step has one task per node (torchrun starts the node's ranks)."""
+    if not plan.vet_min_nodes:
         return []
-    python = "python" if container else 'env PYTHONPATH="$JOB_DIR" python'
-    launch = f'{srun_extra} "${{launch[@]}}" '
+    torchrun = plan.torchrun
+    python = "python" if plan.runtime.container else 'env PYTHONPATH="$JOB_DIR" python'
+    launch = f'{plan.runtime.srun_extra} "${{launch[@]}}" '
     tasks = "1" if torchrun else "per_node"
     return [
         "",
         "# Node vetting (cluster.vet_min_nodes): one task per node runs the image's own check; nodes",
         "# that fail it, give no answer or compute at less than half the best node's rate are named",
         "# and left out (srun --exclude) while at least VET_MIN_NODES remain; fewer stop the job here",
-        f'VET_MIN_NODES="${{ENVBUILDER_VET_MIN_NODES:-{stack.spec.cluster.vet_min_nodes}}}"',
+        f'VET_MIN_NODES="${{ENVBUILDER_VET_MIN_NODES:-{plan.vet_min_nodes}}}"',
         "rank_opts=()",
         *(['RANK_NODES="${SLURM_JOB_NUM_NODES:-1}"   # torchrun --nnodes'] if torchrun else []),
         "vet_nodes() {",

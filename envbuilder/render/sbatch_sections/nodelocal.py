@@ -1,6 +1,6 @@
 """The job's node-local folder (`$JOB_LOCAL` = `<local root>/envbuilder.<job id>`: the throw-away
 HOME, staged data) and who removes it when the job ends, strongest first (`cluster.local_cleanup`,
-a site profile's key):
+a site profile's key; JobPlan.cleanup):
 
     slurm    the local root is a per-job folder that Slurm or the site removes at job end
              (job_container/tmpfs: the job's private /tmp under BasePath; a per-job $TMPDIR the
@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..quoting import shell_word
-from ..resolve import Stack
+from ...quoting import shell_word
+from ...slurm.job import JobPlan
 
 MARKER = ".envbuilder-job"
 EPILOG = "slurm-epilog.sh"
@@ -59,14 +59,10 @@ def remove_marked_lines() -> list[str]:
     ]
 
 
-def mode(stack: Stack) -> str:
-    return stack.spec.cluster.local_cleanup or "job"
-
-
-def batch_lines(stack: Stack, runtime_cleanup: list[str]) -> list[str]:
+def batch_lines(plan: JobPlan) -> list[str]:
     """After JOB_LOCAL is set: the folder's make/remove functions and the batch script's traps,
     set before anything is made on this node."""
-    m = mode(stack)
+    m = plan.cleanup
     out = [
         "# The folder is this user's own (mode 700; a name someone else made first, or a link, stops",
         "# the job) and carries a marker naming the job: only marked folders are ever removed",
@@ -104,7 +100,7 @@ def batch_lines(stack: Stack, runtime_cleanup: list[str]) -> list[str]:
         "    # ignored here, and so in every command it starts",
         "    trap '' TERM INT HUP",
         '    if [ -n "$tb_pid" ]; then kill "$tb_pid" 2>/dev/null || true; fi',
-        *runtime_cleanup,
+        *plan.runtime.cleanup,
     ]
     if m == "job":
         out += [
@@ -125,9 +121,9 @@ def batch_lines(stack: Stack, runtime_cleanup: list[str]) -> list[str]:
     return out
 
 
-def function_lines(stack: Stack) -> list[str]:
+def function_lines(plan: JobPlan) -> list[str]:
     """node_step: what the one task per node runs (after node_setup is defined)."""
-    if mode(stack) != "job":
+    if plan.cleanup != "job":
         return [
             "",
             "# One task per node: the node-local folder, then node_setup",
@@ -214,10 +210,10 @@ def task_epilog_lines() -> list[str]:
     ]
 
 
-def launch_lines(stack: Stack) -> list[str]:
+def launch_lines(plan: JobPlan) -> list[str]:
     """The node step in the batch script."""
     tasks = '--ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --mpi=none'
-    if mode(stack) != "job":
+    if plan.cleanup != "job":
         return ["", "# Node set-up step (one task per node)", f"srun {tasks} bash -c node_step"]
     return [
         "",
@@ -250,15 +246,7 @@ def launch_lines(stack: Stack) -> list[str]:
     ]
 
 
-def local_root(stack: Stack) -> str | None:
-    """The local root as a literal path when the site gives one (an Epilog has no job variables)."""
-    root = stack.spec.cluster.local_scratch
-    if root and root.startswith("/") and "$" not in root and "`" not in root:
-        return root.rstrip("/") or "/"
-    return None
-
-
-EPILOG_TEMPLATE = Path(__file__).resolve().parent.parent / "data" / "node-epilog.sh"
+EPILOG_TEMPLATE = Path(__file__).resolve().parents[2] / "data" / "node-epilog.sh"
 ROOTS_LINE = "ROOTS=(/tmp)\n"        # the template's line that names the local roots
 
 

@@ -5,18 +5,18 @@ parallel file system (metadata storms, F8 in shared/research/slurm.md).
 `cluster.stage: /scratch/me/dataset` -> the job's node set-up step (one task per node) copies it
 to `$JOB_LOCAL/data/<name>` (under `cluster.local_scratch`, `$SLURM_TMPDIR`, `$TMPDIR` or /tmp),
 and the ranks find the copy in `$ENVBUILDER_DATA`. The copy is made under a temporary name and
-renamed when complete; the folder goes when the job ends (slurm/nodelocal.py says who removes it).
+renamed when complete; the folder goes when the job ends (nodelocal.py says who removes it).
 """
 
 from __future__ import annotations
 
-from ..quoting import shell_word
-from ..resolve import Stack
+from ...quoting import shell_word
+from ...slurm.job import JobPlan
 
 
-def check_lines(stack: Stack) -> list[str]:
+def check_lines(plan: JobPlan) -> list[str]:
     """Batch-script lines: resolve and check the source before anything starts."""
-    src = stack.spec.cluster.stage
+    src = plan.stage
     if not src:
         return []
     return [
@@ -29,8 +29,8 @@ def check_lines(stack: Stack) -> list[str]:
     ]
 
 
-def function_lines(stack: Stack) -> list[str]:
-    if not stack.spec.cluster.stage:
+def function_lines(plan: JobPlan) -> list[str]:
+    if not plan.stage:
         return []
     return [
         "",
@@ -48,5 +48,5 @@ def function_lines(stack: Stack) -> list[str]:
     ]
 
 
-def node_setup_lines(stack: Stack) -> list[str]:
-    return ["    stage_data"] if stack.spec.cluster.stage else []
+def node_setup_lines(plan: JobPlan) -> list[str]:
+    return ["    stage_data"] if plan.stage else []

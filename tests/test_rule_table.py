@@ -137,6 +137,8 @@ TABLE = [
      "error", "cluster.vet_min_nodes", "more than the job's 2 node(s)"),
     ("BIND_FORMAT", "gpu", {"cluster.binds": ["/scratch", "data:/data"]},
      "error", "cluster.binds[1]", "is not SRC[:DST[:ro|rw]]"),
+    ("BIND_SPLIT", "cpu-torch", {"cluster.runtime": "pyxis", "cluster.binds": ["/scratch", "/data/a,/etc:/host-etc"]},
+     "error", "cluster.binds[1]", "which cluster.runtime pyxis splits its bind list on: it would mount '/data/a' and '/etc:/host-etc'"),
     ("TF_NUMPY2", "cpu-tf", {"packages": {"pip": ["numpy==2.0.2"]}},
      "error", "packages.pip[0]", "built against NumPy 1.x"),
     # --- fabric (cluster.fabric, a site profile's key)

@@ -5,6 +5,7 @@ compat/check.py runs them all, in the order it lists them.
 
 from __future__ import annotations
 
+from ..runtimes import runtime
 from ..spec import Spec
 from ..versions import cmp, major, matches, minor, release, satisfies
 from .catalog import Catalog
@@ -474,6 +475,15 @@ def cluster_rules(spec: Spec, ctx: Context):
             yield Finding("BIND_FORMAT", ERROR, f"cluster.binds[{n}]",
                           f"{bind[:80]!r} is not SRC[:DST[:ro|rw]] with absolute paths",
                           "write e.g. /scratch or /data/set1:/data:ro", [])
+    job_runtime = runtime(cl.runtime)
+    separator = job_runtime.bind_list_separator
+    for n, bind in enumerate(cl.binds):
+        if separator and separator in bind:
+            yield Finding("BIND_SPLIT", ERROR, f"cluster.binds[{n}]",
+                          f"{bind[:80]!r} holds {separator!r}, which cluster.runtime {cl.runtime} splits its bind "
+                          f"list on: it would mount {' and '.join(repr(p) for p in bind.split(separator)[:3])} "
+                          "instead", f"rename the folder, or bind a parent folder whose path has no {separator!r}",
+                          [job_runtime.bind_list_source])
 
 
 @rule

@@ -27,6 +27,8 @@ class Apptainer(Runtime):
     in_job = True
     in_verify = True
     image_suffix = ".sif"
+    bind_list_separator = ","     # --bind src[:dest[:opts]][,...]
+    bind_list_source = "apptainer_bind"
 
     @property
     def hint(self) -> str:

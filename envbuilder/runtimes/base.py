@@ -48,6 +48,9 @@ class Runtime:
     image_suffix = ""         # job.sbatch: the default image file's suffix
     hint = ""                 # job.sbatch: how to make the image, in the "not found" message
     srun_extra = ""           # job.sbatch: words srun gets before the launch prefix
+    bind_list_separator = ""  # job.sbatch: the character the runtime splits its bind list on (a
+                              # bind path holding it would be read as two binds: refused, BIND_SPLIT)
+    bind_list_source = ""     # the catalog source (compat/catalog.yaml sources) that says so
 
     # --- verify -------------------------------------------------------------------------------
     def default_image(self, manifest: dict, folder: Path | None, cwd: Path) -> str | None:

@@ -9,6 +9,8 @@ class Pyxis(Runtime):
     name = "pyxis"
     in_job = True
     image_suffix = ".sqsh"
+    bind_list_separator = ","     # --container-mounts=SRC:DST[:FLAGS][,SRC:DST...]
+    bind_list_source = "pyxis_mounts"
     hint = "import it with: enroot import docker://REF, or give a registry reference"
 
     def job_check_image(self):

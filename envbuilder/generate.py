@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .components import assemble
 from .lock.model import Lock, dump
-from .lock.render import pins_files
+from .lock.pins import pins_files
 from .lock.resolve import check_matches
 from .needs import needs
 from .paths import SMOKE_DIR

@@ -1,11 +1,12 @@
 """What a stack needs, per kind of lock entry: base images, OS packages, source tarballs, Python
-requirement groups. The components know it; the lock (envbuilder/lock/) only resolves it into pins
-and records it as the lock's ``inputs``, so a changed spec shows as a changed need.
+requirement groups, conda packages. The components know it (gathered in one pass:
+``components.lock_needs``); the lock (envbuilder/lock/) only resolves it into pins and records it
+as the lock's ``inputs``, so a changed spec shows as a changed need.
 """
 
 from __future__ import annotations
 
-from .components import conda, cuda, fabric, framework, horovod, mpi, mpi4py, packages, python, system
+from .components import lock_needs, python
 
 def glibc(stack) -> str:
     return str((stack.catalog.os(stack.os_name) or {}).get("glibc") or stack.catalog.default_glibc())
@@ -23,36 +24,25 @@ def bootstrap_prefer(stack) -> dict[str, str]:
     return python.bootstrap_prefer(stack)
 
 
-def pip_groups(stack) -> dict[str, list[str]]:
-    """Each component's pip groups, in layer order (what changes least first)."""
-    groups = {}
-    for part in (python, framework, mpi, cuda, horovod, packages, mpi4py):
-        groups.update(part.pip_groups(stack))
-    return groups
-
-
 def source_tarballs(stack) -> list[dict]:
-    """What each component downloads as source (name, version, url, file, sha256, index)."""
-    # the order the lock records
-    return (horovod.source_tarballs(stack) + mpi.source_tarballs(stack) + fabric.source_tarballs(stack)
-            + mpi4py.source_tarballs(stack))
+    """What the components download as source (name, version, url, file, sha256, index)."""
+    return lock_needs(stack).tarballs
 
 
 def needs(stack) -> dict:
+    wanted = lock_needs(stack)
     base = {"devel": stack.base}
-    apt = {"devel": system.devel_packages(stack)}
     if not stack.ngc:
         base["runtime"] = stack.runtime_base
-        apt["runtime"] = system.runtime_packages(stack)
     return {
         "base": base,
-        "apt": {s: p for s, p in apt.items() if p},
-        "sources": {s["name"]: s["version"] for s in source_tarballs(stack)},
-        "pip": {"groups": pip_groups(stack), "python": stack.python, "glibc": glibc(stack),
+        "apt": {s: p for s, p in wanted.apt.items() if p},
+        "sources": {s["name"]: s["version"] for s in wanted.tarballs},
+        "pip": {"groups": wanted.pip_groups, "python": stack.python, "glibc": glibc(stack),
                 "extra_index_urls": [stack.framework_index_url] if stack.framework_index_url else [],
                 "in_image": bool(stack.ngc), **_machine(stack),
                 # the base's constraint file (NGC PyTorch >= 25.03): the in-image resolution runs
                 # under it, as the build's pip steps do
                 **({"constraint": stack.pip_constraint} if stack.pip_constraint else {})},
-        "conda": conda.lock_needs(stack),
+        "conda": wanted.conda,
     }

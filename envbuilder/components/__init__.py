@@ -1,30 +1,44 @@
-"""Stack components. Each owns its devel-stage steps, what the runtime stage keeps, and its
-environment. ``assemble`` puts them together in layer order: what changes least comes first."""
+"""Stack components, each one ``Component`` (components/base.py): its devel-stage steps by layer
+slot, what the runtime stage keeps, its environment, what the lock must pin, its part of
+manifest.json. ``COMPONENTS`` is the one order they are gathered in; ``assemble`` sorts the devel
+stage by ``Layer``: what changes least comes first."""
 
 from __future__ import annotations
 
-from ..plan import Plan, Stage
+from dataclasses import replace
+
+from ..lock.model import PIP_GROUPS
+from ..plan import Copy, Plan, Stage, Step
 from ..resolve import Stack
 from . import conda, cuda, fabric, framework, horovod, mpi, mpi4py, packages, python, smoke, system
+from .base import Layer, LockNeeds
+
+# The runtime stage copies in this order (the layers a change leaves cached come first: NVIDIA's
+# wheels before the venv that holds them), and the environment merges in it.
+COMPONENTS = (system.System(), fabric.Fabric(), mpi.Mpi(), cuda.Cuda(), python.Python(), framework.Framework(),
+              horovod.Horovod(), packages.Packages(), mpi4py.Mpi4py(), conda.Conda())
+
+
+def lock_needs(stack: Stack) -> LockNeeds:
+    """Every component's lock needs, in one pass: the OS packages per stage as system.py installs
+    them, the pip groups in the lock's group order, the tarballs, conda's input."""
+    parts = [part.lock_needs(stack) for part in COMPONENTS]
+    groups = {group: reqs for need in parts for group, reqs in need.pip_groups.items()}
+    return LockNeeds(apt=system.stage_packages(stack, (need.apt for need in parts)),
+                     pip_groups={group: groups[group] for group in PIP_GROUPS if group in groups},
+                     tarballs=[tar for need in parts for tar in need.tarballs],
+                     conda=next((need.conda for need in parts if need.conda), None))
 
 
 def assemble(stack: Stack) -> Plan:
     spec = stack.spec
+    packages_ = lock_needs(stack).apt
+    slots: dict[Layer, list[Step]] = {Layer.OS: system.devel_steps(stack, packages_["devel"])}
+    for part in COMPONENTS:
+        for layer, steps in part.devel(stack).items():
+            slots.setdefault(layer, []).extend(steps)
     devel = Stage("devel", _base(stack, "devel", stack.base))
-    devel.items += system.devel_steps(stack)
-    devel.items += fabric.libfabric_steps(stack)        # before the MPI that builds against it
-    devel.items += mpi.devel_steps(stack)
-    devel.items += python.devel_steps(stack)
-    devel.items += cuda.wheel_steps(stack)
-    devel.items += framework.devel_steps(stack)
-    devel.items += mpi.wheel_steps(stack)
-    devel.items += cuda.toolkit_steps(stack)
-    devel.items += horovod.devel_steps(stack)
-    devel.items += fabric.plugin_steps(stack)           # needs the CUDA toolkit slim_steps removes
-    devel.items += cuda.slim_steps(stack)
-    devel.items += packages.pip_steps(stack)
-    devel.items += mpi4py.devel_steps(stack)          # over any mpi4py wheel a package brought
-    devel.items += conda.devel_steps(stack)
+    devel.items += [step for layer in Layer for step in slots.get(layer, [])]
 
     if stack.ngc is not None:
         # An NGC image already is a complete devel + runtime image: one stage, add what is missing.
@@ -33,24 +47,31 @@ def assemble(stack: Stack) -> Plan:
         stages = [devel]
     else:
         final = Stage("runtime", _base(stack, "runtime", stack.runtime_base))
-        final.items += system.runtime_steps(stack)
-        wheels = cuda.runtime_copies(stack)         # NVIDIA's libraries: a layer before the venv's
-        final.items += (fabric.runtime_copies(stack) + mpi.runtime_copies(stack) + wheels + python.runtime_copies(stack, without=wheels)
-                        + conda.runtime_copies(stack))
+        final.items += system.runtime_steps(stack, packages_["runtime"])
+        final.items += _layered([copy for part in COMPONENTS for copy in part.runtime(stack)])
         stages = [devel, final]
     final.items += smoke.install(stack)
 
     env: dict[str, str] = {}
-    for part in (system, fabric, mpi, python, framework, horovod, conda):
-        for key, value in part.runtime_env(stack).items():
+    notes: dict[str, str] = {}
+    for part in COMPONENTS:
+        for key, value in part.env(stack).items():
             if key in ("PATH", "LD_LIBRARY_PATH") and key in env:   # components extend these, none replaces
                 value = value.replace(f"${{{key}:-}}" if key == "LD_LIBRARY_PATH" else "$PATH", env[key])
             env[key] = value
+        notes.update(part.env_notes(stack))
     env.update(dict(spec.env))
-    notes = {k: why for k, why in mpi.runtime_env_notes(stack).items() if k in env and k not in dict(spec.env)}
+    notes = {k: why for k, why in notes.items() if k in env and k not in dict(spec.env)}
     return Plan(name=spec.name, stages=stages, env=env, labels=smoke.labels(stack),
                 help=smoke.help_text(stack), runscript=["python"], test=smoke.test_command(stack),
                 literal_env=frozenset(k for k, _ in spec.env), env_notes=notes)
+
+
+def _layered(copies: list[Copy]) -> list[Copy]:
+    """Each copy less what earlier copies brought as layers of their own (NVIDIA's wheels, inside
+    the venv): a file is copied once."""
+    return [replace(c, without=tuple(e.source for e in copies[:i] if e.source.startswith(c.source + "/")))
+            for i, c in enumerate(copies)]
 
 
 def _base(stack: Stack, stage: str, ref: str) -> str:

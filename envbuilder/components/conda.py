@@ -5,9 +5,11 @@ says so and stops the build."""
 
 from __future__ import annotations
 
+from ..lock import conda as conda_
 from ..paths import CONDA_PREFIX
 from ..plan import Copy, Step
 from ..resolve import Stack
+from .base import Component, Layer, LockNeeds
 
 PREFIX = CONDA_PREFIX
 
@@ -16,25 +18,9 @@ def wanted(stack: Stack) -> bool:
     return bool(stack.spec.packages.conda)
 
 
-def lock_needs(stack: Stack) -> dict | None:
-    """What the lock's conda resolver needs (None without conda packages)."""
-    if not wanted(stack):
-        return None
-    from ..lock import conda as conda_
-
-    return {"packages": sorted(stack.spec.packages.conda), "channels": conda_.channels(),
-            "platform": conda_.PLATFORM}
-
-
-def devel_apt(stack: Stack) -> list[str]:
-    return ["bzip2", "curl", "unzip", "zstd"] if wanted(stack) else []
-
-
 def devel_steps(stack: Stack) -> list[Step]:
     if not wanted(stack):
         return []
-    from ..lock.conda import install_commands
-
     asked = ", ".join(stack.spec.packages.conda)
     lock = stack.lock
     if not lock or not lock.conda:
@@ -44,16 +30,31 @@ def devel_steps(stack: Stack) -> list[Step]:
             "exit 1",
         ])]
     n = len(lock.conda_packages())
-    return [Step("conda", f"conda packages ({asked}) into {PREFIX}", install_commands(lock.conda["lockfile"]),
+    return [Step("conda", f"conda packages ({asked}) into {PREFIX}", conda_.install_commands(lock.conda["lockfile"]),
                  network=True, notes=[f"{n} packages from the conda-lock lockfile in envbuilder.lock "
                                       "(pins/conda-lock.yml), sha256 checked"],
                  mounts=["pins/conda-urls.txt", "pins/conda-sha256.txt", "pins/conda-explicit.txt"])]
 
 
-def runtime_copies(stack: Stack) -> list[Copy]:
-    return [Copy(PREFIX, PREFIX, from_stage="devel")] if wanted(stack) and stack.lock else []
+class Conda(Component):
+    def devel(self, stack: Stack) -> dict[Layer, list[Step]]:
+        return {Layer.CONDA: devel_steps(stack)}
 
+    def runtime(self, stack: Stack) -> list[Copy]:
+        return [Copy(PREFIX, PREFIX, from_stage="devel")] if wanted(stack) and stack.lock else []
 
-def runtime_env(stack: Stack) -> dict[str, str]:
-    # after the venv and MPI on PATH: conda adds tools and libraries, it does not replace Python
-    return {"CONDA_PREFIX": PREFIX, "PATH": f"$PATH:{PREFIX}/bin"} if wanted(stack) else {}
+    def env(self, stack: Stack) -> dict[str, str]:
+        # after the venv and MPI on PATH: conda adds tools and libraries, it does not replace Python
+        return {"CONDA_PREFIX": PREFIX, "PATH": f"$PATH:{PREFIX}/bin"} if wanted(stack) else {}
+
+    def lock_needs(self, stack: Stack) -> LockNeeds:
+        if not wanted(stack):
+            return LockNeeds()
+        return LockNeeds(apt={"devel": ["bzip2", "curl", "unzip", "zstd"]},
+                         conda={"packages": sorted(stack.spec.packages.conda), "channels": conda_.channels(),
+                                "platform": conda_.PLATFORM})
+
+    def expect(self, stack: Stack) -> dict:
+        if stack.lock is None:
+            return {}
+        return {"conda": {p["name"]: p["version"] for p in stack.lock.conda_packages()} or None}

@@ -10,6 +10,8 @@ from ..plan import Copy, Step
 from ..quoting import shell_word
 from ..resolve import Stack
 from ..versions import minor
+from .base import Component, Layer, LockNeeds
+from .python import locked_pip, pip, pip_env, python_exe
 
 
 def _nccl_pin(stack: Stack) -> str | None:
@@ -96,12 +98,9 @@ def toolkit_steps(stack: Stack) -> list[Step]:
     req = stack.cuda_toolkit_requirement
     if not req:
         return []
-    from ..lock.render import pip_group
-    from .python import pip, pip_env
-
     tree, cmajor = wheel_tree(stack), stack.cuda_major
     target = stack.catalog.arch(stack.spec.target_arch)["cuda_target"]
-    locked, mounts = pip_group(stack, "toolkit", pip(stack))
+    locked, mounts = locked_pip(stack, "toolkit")
     cmds = (locked or [f"{pip(stack)} {shell_word(req, 'cuda toolkit')}"]) + [
         f"ln -s lib {tree}/lib64",
         f"mkdir -p {tree}/targets",
@@ -134,22 +133,10 @@ def toolkit_packages(stack: Stack) -> list[str]:
     return ["nvidia-cuda-cccl", "nvidia-cuda-crt", "nvidia-cuda-nvcc", "nvidia-nvvm"]
 
 
-def runtime_copies(stack: Stack) -> list[Copy]:
-    """NVIDIA's libraries (site-packages/nvidia, ~3.5 GB for CUDA 13) as a runtime layer of their
-    own, before the rest of the venv: they change least, so a change of the framework or of
-    packages.pip re-copies only the rest (BuildKit caches a COPY by the content it copies)."""
-    if not stack.pypi_cuda or stack.ngc is not None:
-        return []
-    tree = f"{site_packages(stack)}/nvidia"
-    return [Copy(tree, tree, from_stage="devel")]
-
-
 def slim_steps(stack: Stack) -> list[Step]:
     """The runtime stage copies the venv: drop nvcc and every header first (libraries stay)."""
     if not stack.pypi_cuda:
         return []
-    from .python import python_exe
-
     sp = site_packages(stack)
     cmds = []
     if stack.cuda_toolkit_requirement:
@@ -193,13 +180,32 @@ def cuda_archs(stack: Stack) -> list[str] | None:
 def wheel_steps(stack: Stack) -> list[Step]:
     """The NVIDIA wheels the framework depends on, in a layer before the framework's own: they change
     least. Only with a lock (its cuda group); without one the framework step installs them."""
-    from ..lock.render import pip_group
-    from .python import pip, pip_env
-
-    locked, mounts = pip_group(stack, "cuda", pip(stack))
+    locked, mounts = locked_pip(stack, "cuda")
     if not locked:
         return []
     n = len(stack.lock.pip["cuda"])
     return [Step("cuda", f"NVIDIA's CUDA wheels the framework depends on ({n} wheels: CUDA runtime, cuDNN, "
                          f"NCCL, ...)", locked, network=True, mounts=mounts, build_env=pip_env(stack),
                  notes=["their own layer before the framework's: a framework or package change leaves it cached"])]
+
+
+class Cuda(Component):
+    def devel(self, stack: Stack) -> dict[Layer, list[Step]]:
+        return {Layer.CUDA_WHEELS: wheel_steps(stack), Layer.CUDA_TOOLKIT: toolkit_steps(stack),
+                Layer.CUDA_SLIM: slim_steps(stack)}
+
+    def runtime(self, stack: Stack) -> list[Copy]:
+        """NVIDIA's libraries (site-packages/nvidia, ~3.5 GB for CUDA 13) as a runtime layer of their
+        own, before the rest of the venv: they change least, so a change of the framework or of
+        packages.pip re-copies only the rest (BuildKit caches a COPY by the content it copies)."""
+        if not stack.pypi_cuda or stack.ngc is not None:
+            return []
+        tree = f"{site_packages(stack)}/nvidia"
+        return [Copy(tree, tree, from_stage="devel")]
+
+    def lock_needs(self, stack: Stack) -> LockNeeds:
+        return LockNeeds(apt={"devel": devel_apt(stack), "runtime": runtime_apt(stack)},
+                         pip_groups=pip_groups(stack))
+
+    def expect(self, stack: Stack) -> dict:
+        return {**expect(stack), **expect_pypi(stack)}

@@ -15,9 +15,12 @@ tarballs are (components/mpi.py)."""
 
 from __future__ import annotations
 
+from ..lock.pins import source
 from ..plan import Copy, Step
 from ..quoting import shell_word
 from ..resolve import Stack
+from .base import Component, Layer, LockNeeds
+from .cuda import CUDA_HOME
 
 
 def _builds_open_mpi(stack: Stack) -> bool:
@@ -64,9 +67,7 @@ def source_tarballs(stack: Stack) -> list[dict]:
 def _fetch_and_unpack(stack: Stack, name: str, want: dict, work: str) -> tuple[list[str], str, str]:
     """Commands that download NAME's tarball (the lock's sha256 checked) and unpack it: (commands,
     the unpacked folder, the url)."""
-    from ..lock.render import source
-
-    tar = source(stack, name) or want          # the lock's hash is the one the build checks
+    tar = source(stack.lock, name) or want          # the lock's hash is the one the build checks
     fname = tar["url"].rsplit("/", 1)[1]
     unpack = "-xzf" if fname.endswith(".tar.gz") else "-xjf"
     return ([f"mkdir -p {work}",
@@ -109,8 +110,6 @@ def plugin_steps(stack: Stack) -> list[Step]:
     want = stack.nccl_plugin_build
     if not want:
         return []
-    from .cuda import CUDA_HOME
-
     work = "/tmp/nccl-plugin"
     cmds, url, sources = _fetch_and_unpack(stack, "nccl-plugin", want, work)
     folder = f"{work}/{want['name']}-{want['version']}"
@@ -127,13 +126,20 @@ def plugin_steps(stack: Stack) -> list[Step]:
                         "NCCL_NET_PLUGIN is unset (aws_ofi_nccl_platform)"])]
 
 
-def runtime_copies(stack: Stack) -> list[Copy]:
-    return [Copy(w["prefix"], w["prefix"], from_stage="devel")
-            for w in (stack.libfabric_build, stack.nccl_plugin_build) if w]
+class Fabric(Component):
+    def devel(self, stack: Stack) -> dict[Layer, list[Step]]:
+        return {Layer.LIBFABRIC: libfabric_steps(stack), Layer.NCCL_PLUGIN: plugin_steps(stack)}
 
+    def runtime(self, stack: Stack) -> list[Copy]:
+        return [Copy(w["prefix"], w["prefix"], from_stage="devel")
+                for w in (stack.libfabric_build, stack.nccl_plugin_build) if w]
 
-def runtime_env(stack: Stack) -> dict[str, str]:
-    libs = [f"{w['prefix']}/lib" for w in (stack.nccl_plugin_build, stack.libfabric_build) if w]
-    if not libs:
-        return {}
-    return {"LD_LIBRARY_PATH": ":".join(libs) + ":${LD_LIBRARY_PATH:-}"}
+    def env(self, stack: Stack) -> dict[str, str]:
+        libs = [f"{w['prefix']}/lib" for w in (stack.nccl_plugin_build, stack.libfabric_build) if w]
+        if not libs:
+            return {}
+        return {"LD_LIBRARY_PATH": ":".join(libs) + ":${LD_LIBRARY_PATH:-}"}
+
+    def lock_needs(self, stack: Stack) -> LockNeeds:
+        return LockNeeds(apt={"devel": devel_apt(stack), "runtime": runtime_apt(stack)},
+                         tarballs=source_tarballs(stack))

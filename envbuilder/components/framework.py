@@ -5,18 +5,17 @@ from __future__ import annotations
 from ..plan import Step
 from ..quoting import shell_word
 from ..resolve import Stack
-from .python import pip, pip_env
+from .base import Component, Layer, LockNeeds
+from .python import locked_pip, pip, pip_env
 
 
 def devel_steps(stack: Stack) -> list[Step]:
     fw = stack.spec.framework
     if stack.framework_from_base:
         return []
-    from ..lock.render import pip_group
-
     index = stack.framework_index_url
     extra = f" --extra-index-url {shell_word(index, 'framework.index_url')}" if index else ""
-    locked, mounts = pip_group(stack, "framework", f"{pip(stack)}{extra}")
+    locked, mounts = locked_pip(stack, "framework", f"{pip(stack)}{extra}")
     return [Step("framework", f"{fw.name} {fw.version}", locked or [
         f"{pip(stack)}{extra} " + " ".join(shell_word(r, "framework") for r in pip_groups(stack)["framework"]),
     ], network=True, mounts=mounts, build_env=pip_env(stack))]
@@ -65,3 +64,26 @@ def runtime_env(stack: Stack) -> dict[str, str]:
         "KMP_AFFINITY": "granularity=fine,compact,1,0",
         "KMP_SETTINGS": "0",
     }
+
+
+class Framework(Component):
+    def devel(self, stack: Stack) -> dict[Layer, list[Step]]:
+        return {Layer.FRAMEWORK: devel_steps(stack)}
+
+    def env(self, stack: Stack) -> dict[str, str]:
+        return runtime_env(stack)
+
+    def lock_needs(self, stack: Stack) -> LockNeeds:
+        return LockNeeds(pip_groups=pip_groups(stack))
+
+    def expect(self, stack: Stack) -> dict:
+        out: dict = {"framework": expect(stack)}
+        if stack.cpu_threads_env:
+            out["cpu_env"] = cpu_env(stack)
+        dist = stack.spec.canonical().get("distributed")
+        if dist:
+            # how the ranks talk (torch.distributed: its backend and launcher); absent for specs
+            # that only name horovod, whose manifests stay as they were
+            out["distributed"] = {"kind": dist["kind"], "backend": stack.spec.torch_backend,
+                                  "launcher": dist.get("launcher")}
+        return out

@@ -5,15 +5,19 @@ Everything envbuilder does for Horovod, in the order a build meets it: its facts
 compat/catalog.yaml (`horovod:` releases with the sdist's url and sha256, `patches:`) and its
 rules are compat/rules.py's HVD_* (what cannot be built); here: what the lock must pin
 (``pip_groups``, ``source_tarballs``), what the devel stage installs (``devel_apt``,
-``devel_steps`` with ``build_flags`` and ``patches``), the runtime environment (``runtime_env``:
-nothing, the venv carries it) and what the smoke suite expects of it (``expect``)."""
+``devel_steps`` with ``build_flags`` and ``patches``) and what the smoke suite expects of it
+(``expect``); no runtime environment (the venv carries it)."""
 
 from __future__ import annotations
 
+from ..lock.pins import source
+from ..paths import VENV
 from ..plan import Step
 from ..resolve import Stack
 from ..versions import satisfies
-from .python import pip, pip_env, python_exe
+from . import cuda, mpi
+from .base import Component, Layer, LockNeeds
+from .python import locked_pip, pip, pip_env, python_exe
 
 # Horovod 0.28.1's install_requires, pinned (PyPI, versions that support Python 3.8 - 3.13).
 REQUIRES = ["cloudpickle==3.0.0", "packaging==24.0", "psutil==5.9.8", "PyYAML==6.0.1"]
@@ -43,11 +47,6 @@ def source_tarballs(stack: Stack) -> list[dict]:
         return []
     return [{"name": "horovod", "version": stack.spec.horovod.version, "url": sdist["url"],
              "file": sdist["url"].rsplit("/", 1)[1], "sha256": sdist["sha256"], "index": "pypi"}]
-
-
-def labels(stack: Stack) -> dict[str, str]:
-    hv = stack.spec.horovod
-    return {"dev.envbuilder.horovod": f"{hv.version} ({','.join(hv.operations)})"} if hv else {}
 
 
 def expect(stack: Stack) -> dict | None:
@@ -107,8 +106,6 @@ def build_flags(stack: Stack) -> dict[str, str]:
         flags.update({"HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_CUDA_HOME": "/usr/local/cuda",
                       "HOROVOD_NCCL_LINK": "SHARED"})
         if stack.pypi_cuda:
-            from . import cuda
-
             flags.update(cuda.horovod_flags(stack))
         archs = cuda_cc_list(stack)
         if archs and "HOROVOD_BUILD_CUDA_CC_LIST" not in flags:
@@ -127,13 +124,11 @@ def devel_apt(stack: Stack) -> list[str]:
 
 
 def devel_steps(stack: Stack) -> list[Step]:
-    from ..lock.render import pip_group, source
-
     hv = stack.spec.horovod
     sdist = stack.horovod_sdist
     if not sdist:
         return []
-    sdist = source(stack, "horovod") or sdist       # the lock's hash is the one the build checks
+    sdist = source(stack.lock, "horovod") or sdist       # the lock's hash is the one the build checks
     folder = f"/tmp/horovod/horovod-{hv.version}"
     cmds = [
         "mkdir -p /tmp/horovod",
@@ -146,18 +141,12 @@ def devel_steps(stack: Stack) -> list[Step]:
     if "mpi" in hv.operations and stack.mpi_tarball:
         # the MPI built into its prefix is not on the devel stage's PATH: Horovod's CMake finds
         # MPI through the mpicc on PATH (HOROVOD_WITH_MPI=1 fails the build without one)
-        from . import mpi
-
         cmds[:0] = [f'export PATH="{mpi.prefix(stack)}/bin:$PATH"']
         notes.append(f"MPI: {stack.spec.mpi.flavor} {stack.spec.mpi.version} from {mpi.prefix(stack)} (mpicc on PATH)")
     elif "mpi" in hv.operations and stack.mpi_source == "pypi":
         # the wheel's mpicc is in the venv's bin/, which the devel stage's PATH does not hold
-        from ..paths import VENV
-
         cmds[:0] = [f'export PATH="{VENV}/bin:$PATH"']
         notes.append(f"MPI: {stack.spec.mpi.flavor} {stack.spec.mpi.version} from PyPI ({VENV}/bin/mpicc on PATH)")
-        from . import mpi
-
         if mpi.standard_abi(stack):
             # the MPI-5 standard ABI: FindMPI must find the *_abi wrappers and Horovod's sources the
             # ABI's define (source cmake_findmpi_abi); the install is checked below with ldd
@@ -183,7 +172,7 @@ def devel_steps(stack: Stack) -> list[Step]:
         cmds.append(f"sed -i 's/{old}/{new}/' {files}")
         cmds += [f"grep -q '{new}' {folder}/{f}" for f in patch["files"]]
         notes.append(f"fix {name}: {patch['reason']}")
-    locked, mounts = pip_group(stack, "horovod", pip(stack))
+    locked, mounts = locked_pip(stack, "horovod")
     if stack.lock:
         cmds += locked + [f"{pip(stack)} --no-build-isolation --no-deps {folder}"]
     else:
@@ -195,8 +184,6 @@ def devel_steps(stack: Stack) -> list[Step]:
                 "-name '*.so' -exec strip --strip-debug {} +")
     if stack.mpi_source == "pypi" and "mpi" in hv.operations:
         # Horovod's MPI code must link the library the image promises (manifest expect.mpi.library)
-        from . import mpi
-
         wanted = mpi.expect(stack)["library"].rsplit("/", 1)[1]
         cmds.append(f"for f in \"$({python_exe(stack)} -c 'import sysconfig; print(sysconfig.get_paths()[\"platlib\"])')"
                     f"\"/horovod/*/mpi_lib*.so; do ldd \"$f\" | grep -q '{wanted} => ' || "
@@ -211,5 +198,13 @@ def devel_steps(stack: Stack) -> list[Step]:
                  mounts=mounts)]
 
 
-def runtime_env(stack: Stack) -> dict[str, str]:
-    return {}
+class Horovod(Component):
+    def devel(self, stack: Stack) -> dict[Layer, list[Step]]:
+        return {Layer.HOROVOD: devel_steps(stack)}
+
+    def lock_needs(self, stack: Stack) -> LockNeeds:
+        return LockNeeds(apt={"devel": devel_apt(stack)}, pip_groups=pip_groups(stack),
+                         tarballs=source_tarballs(stack))
+
+    def expect(self, stack: Stack) -> dict:
+        return {"horovod": expect(stack)}

@@ -17,12 +17,15 @@ with, are catalog data (``mpi.<flavor>.pypi``, with how it was found out)."""
 
 from __future__ import annotations
 
+from ..lock.pins import source
 from ..paths import VENV
 from ..plan import Copy, Step
 from ..quoting import shell_word
 from ..resolve import Stack
 from ..versions import satisfies
 from . import fabric
+from .base import Component, Layer, LockNeeds
+from .python import locked_pip, pip, pip_env
 
 PREFIXES = {"openmpi": "/opt/openmpi", "mpich": "/opt/mpich"}   # where a built MPI goes, per flavor
 PREFIX = PREFIXES["openmpi"]
@@ -137,10 +140,8 @@ def wheel_steps(stack: Stack) -> list[Step]:
     wheel = pypi(stack)
     if not wheel:
         return []
-    from ..lock.render import pip_group
-    from .python import pip, pip_env
     mpi = stack.spec.mpi
-    locked, mounts = pip_group(stack, "mpi", pip(stack))
+    locked, mounts = locked_pip(stack, "mpi")
     req = f"{wheel['package']}=={mpi.version}"
     cmds = (locked or [f"{pip(stack)} {shell_word(req, 'mpi.version')}"]) + [
         f"printf '{_PROBE_C}' > /tmp/mpi-probe.c",
@@ -165,13 +166,11 @@ def wheel_steps(stack: Stack) -> list[Step]:
 
 
 def devel_steps(stack: Stack) -> list[Step]:
-    from ..lock.render import source
-
     tar = stack.mpi_tarball
     if not tar:
         return []
     mpi = stack.spec.mpi
-    tar = source(stack, mpi.flavor) or tar          # the lock's hash is the one the build checks
+    tar = source(stack.lock, mpi.flavor) or tar          # the lock's hash is the one the build checks
     fname = tar["url"].rsplit("/", 1)[1]
     work = f"/tmp/{mpi.flavor}"
     folder = f"{work}/{fname.split('.tar')[0]}"
@@ -221,10 +220,6 @@ def build_notes(stack: Stack) -> list[str]:
             "libfabric: the copy bundled in MPICH's tarball (no OS package at run time)"]
 
 
-def runtime_copies(stack: Stack) -> list[Copy]:
-    return [Copy(prefix(stack), prefix(stack), from_stage="devel")] if stack.mpi_tarball else []
-
-
 def runtime_env(stack: Stack) -> dict[str, str]:
     if not stack.spec.mpi and not (stack.ngc and stack.ngc.get("mpi")):
         return {}
@@ -265,3 +260,24 @@ def runtime_env_notes(stack: Stack) -> dict[str, str]:
 def open_mpi_5(stack: Stack) -> bool:
     mpi = stack.spec.mpi
     return bool(mpi and mpi.flavor == "openmpi" and satisfies(mpi.version, ">=5"))
+
+
+class Mpi(Component):
+    def devel(self, stack: Stack) -> dict[Layer, list[Step]]:
+        return {Layer.MPI_BUILD: devel_steps(stack), Layer.MPI_WHEEL: wheel_steps(stack)}
+
+    def runtime(self, stack: Stack) -> list[Copy]:
+        return [Copy(prefix(stack), prefix(stack), from_stage="devel")] if stack.mpi_tarball else []
+
+    def env(self, stack: Stack) -> dict[str, str]:
+        return runtime_env(stack)
+
+    def env_notes(self, stack: Stack) -> dict[str, str]:
+        return runtime_env_notes(stack)
+
+    def lock_needs(self, stack: Stack) -> LockNeeds:
+        return LockNeeds(apt={"devel": devel_apt(stack), "runtime": runtime_apt(stack)},
+                         pip_groups=pip_groups(stack), tarballs=source_tarballs(stack))
+
+    def expect(self, stack: Stack) -> dict:
+        return {"mpi": expect(stack)}

@@ -15,10 +15,13 @@ that the MPI extension links libmpi_abi.so.1 and not the MPICH ABI's libmpi.so.1
 
 from __future__ import annotations
 
+from ..lock.pins import source
 from ..paths import VENV
 from ..plan import Step
 from ..resolve import Stack
-from .python import pip, pip_env, python_exe
+from . import mpi
+from .base import Component, Layer, LockNeeds
+from .python import locked_pip, pip, pip_env, python_exe
 
 # mpi4py's build requirement beside setuptools (which the venv has): its floor is cython >= 3.0.1
 # (conf/requirements-build-cython.txt of the 4.1.2 sdist, source mpi4py_mpiabi_build); this
@@ -49,33 +52,23 @@ def source_tarballs(stack: Stack) -> list[dict]:
              "sha256": sd["sha256"], "index": "pypi"}]
 
 
-def labels(stack: Stack) -> dict[str, str]:
-    sd = sdist(stack)
-    return {"dev.envbuilder.mpi4py": f"{sd['version']} (MPI-5 standard ABI, from its sdist)"} if sd else {}
-
-
 def build_env(stack: Stack) -> dict[str, str]:
     """What the build of the sdist sees: the catalog's opt-in, the ABI wrapper, the build requirements."""
-    from . import mpi
-
     how = stack.catalog.mpi4py_standard_abi()
     wrapper = mpi.standard_abi(stack)["wrappers"]["mpicc"]
     return {**how["build_env"], how["mpicc_env"]: f"{VENV}/bin/{wrapper}", "PYTHONPATH": BUILD_DEPS}
 
 
 def devel_steps(stack: Stack) -> list[Step]:
-    from ..lock.render import pip_group, source
-    from . import mpi
-
     sd = sdist(stack)
     if not sd:
         return []
-    sd = source(stack, "mpi4py") or sd            # the lock's hash is the one the build checks
+    sd = source(stack.lock, "mpi4py") or sd            # the lock's hash is the one the build checks
     version = sd["version"]
     folder = f"{WORK}/mpi4py-{version}"
     abi = mpi.standard_abi(stack)
     wanted, legacy = abi["libmpi"], mpi.pypi(stack)["libmpi"]
-    locked, mounts = pip_group(stack, GROUP, f"{pip(stack)} --target {BUILD_DEPS}")
+    locked, mounts = locked_pip(stack, GROUP, f"{pip(stack)} --target {BUILD_DEPS}")
     platlib = f"$({python_exe(stack)} -c 'import sysconfig; print(sysconfig.get_paths()[\"platlib\"])')"
     cmds = [
         f"mkdir -p {WORK}",
@@ -109,3 +102,11 @@ def devel_steps(stack: Stack) -> list[Step]:
              "runtime stage gets the built mpi4py only"]
     return [Step("mpi4py", f"mpi4py {version} from its sdist against the MPI-5 standard ABI ({wanted})",
                  cmds, build_env={**build_env(stack), **pip_env(stack)}, network=True, notes=notes, mounts=mounts)]
+
+
+class Mpi4py(Component):
+    def devel(self, stack: Stack) -> dict[Layer, list[Step]]:
+        return {Layer.MPI4PY: devel_steps(stack)}
+
+    def lock_needs(self, stack: Stack) -> LockNeeds:
+        return LockNeeds(pip_groups=pip_groups(stack), tarballs=source_tarballs(stack))

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
+
 from ..plan import Step
 from ..resolve import Stack
-from .python import pip, pip_env
-
-
-def apt(stack: Stack) -> list[str]:
-    return list(stack.spec.packages.apt)
+from .base import Component, Layer, LockNeeds
+from .python import locked_pip, pip, pip_env
 
 
 def requirements(stack: Stack) -> list[str]:
@@ -22,10 +20,7 @@ def pip_steps(stack: Stack) -> list[Step]:
     reqs = requirements(stack)
     if not reqs:
         return []
-    from ..lock.render import pip_group
-
-    # Last: the pins users change most often, so a changed pin rebuilds one small layer.
-    locked, mounts = pip_group(stack, "packages", pip(stack))
+    locked, mounts = locked_pip(stack, "packages")
     if stack.lock and not locked:
         return []       # everything they need is already installed by an earlier group
     return [Step("packages", "extra Python packages from the spec", locked or [
@@ -37,3 +32,24 @@ def pip_groups(stack: Stack) -> dict[str, list[str]]:
     """The lock's `packages` group: the spec's own pip requirements, resolved last."""
     reqs = requirements(stack)
     return {"packages": sorted(reqs, key=str.lower)} if reqs else {}
+
+
+class Packages(Component):
+    def devel(self, stack: Stack) -> dict[Layer, list[Step]]:
+        return {Layer.PACKAGES: pip_steps(stack)}
+
+    def lock_needs(self, stack: Stack) -> LockNeeds:
+        # the spec's OS packages are what the image keeps (an NGC image's one stage: system.py)
+        return LockNeeds(apt={"runtime": list(stack.spec.packages.apt)}, pip_groups=pip_groups(stack))
+
+    def expect(self, stack: Stack) -> dict:
+        """The pinned Python packages the smoke suite's drift check compares: the spec's ``==``
+        pins, or every locked package."""
+        lock = stack.lock
+        if lock is not None:
+            return {"packages": dict(sorted(lock.pip_versions().items()))}
+        pins = {}
+        for req in stack.spec.packages.pip:
+            name, _, version = req.partition("==")
+            pins[name.split("[")[0].lower()] = version
+        return {"packages": dict(sorted(pins.items()))}

@@ -5,9 +5,11 @@ The runtime stage copies the whole venv from the devel stage; that is the Python
 
 from __future__ import annotations
 
+from ..lock.pins import locked_pip_file
 from ..paths import VENV
 from ..plan import Copy, Step
 from ..resolve import Stack
+from .base import Component, Layer, LockNeeds
 
 # Bootstrap tools, pinned (they work on Python 3.8 - 3.13).
 BOOTSTRAP = ["pip==24.0", "setuptools==69.5.1", "wheel==0.43.0"]
@@ -21,20 +23,19 @@ def pip(stack: Stack) -> str:
     return f"{python_exe(stack)} -m pip install --no-cache-dir --disable-pip-version-check"
 
 
-def devel_apt(stack: Stack) -> list[str]:
-    return ["python3", "python3-dev", "python3-venv"]
-
-
-def runtime_apt(stack: Stack) -> list[str]:
-    return ["python3"]
+def locked_pip(stack: Stack, group: str, installer: str | None = None) -> tuple[list[str], list[str]]:
+    """(commands, mounts) installing exactly the lock's GROUP with INSTALLER (default ``pip``): every
+    file's sha256 required, nothing else resolved; ([], []) without a lock or for an empty group."""
+    path = locked_pip_file(stack.lock, group)
+    if path is None:
+        return [], []
+    return [f"{installer or pip(stack)} --require-hashes --no-deps -r /{path}"], [path]
 
 
 def devel_steps(stack: Stack) -> list[Step]:
     if stack.ngc:
         return []
-    from ..lock.render import pip_group
-
-    locked, mounts = pip_group(stack, "python", pip(stack))
+    locked, mounts = locked_pip(stack, "python")
     return [Step("python", f"Python {stack.python} virtual environment in {VENV}", [
         f"python3 -c 'import sys; v = \"%d.%d\" % sys.version_info[:2]; "
         f"assert v == \"{stack.python}\", \"base has Python \" + v + \", spec asks {stack.python}\"'",
@@ -87,13 +88,22 @@ def bootstrap_prefer(stack: Stack) -> dict[str, str]:
     return dict(b.split("==", 1) for b in BOOTSTRAP if not b.startswith("pip=="))
 
 
-def runtime_copies(stack: Stack, without: list[Copy] = ()) -> list[Copy]:
-    """The venv, less the parts copied as their own layers before it (``without``)."""
-    return [Copy(VENV, VENV, from_stage="devel", without=tuple(c.source for c in without))]
+class Python(Component):
+    def devel(self, stack: Stack) -> dict[Layer, list[Step]]:
+        return {Layer.PYTHON: devel_steps(stack)}
 
+    def runtime(self, stack: Stack) -> list[Copy]:
+        return [Copy(VENV, VENV, from_stage="devel")]       # the Python payload
 
-def runtime_env(stack: Stack) -> dict[str, str]:
-    env = {"PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    if not stack.ngc:
-        env = {"VIRTUAL_ENV": VENV, "PATH": f"{VENV}/bin:$PATH", **env}
-    return env
+    def env(self, stack: Stack) -> dict[str, str]:
+        env = {"PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+        if not stack.ngc:
+            env = {"VIRTUAL_ENV": VENV, "PATH": f"{VENV}/bin:$PATH", **env}
+        return env
+
+    def lock_needs(self, stack: Stack) -> LockNeeds:
+        return LockNeeds(apt={"devel": ["python3", "python3-dev", "python3-venv"], "runtime": ["python3"]},
+                         pip_groups=pip_groups(stack))
+
+    def expect(self, stack: Stack) -> dict:
+        return {"python": stack.python}

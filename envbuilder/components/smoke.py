@@ -7,7 +7,6 @@ from ..paths import PREFIX, SMOKE_DIR
 from ..plan import Copy, Step
 from ..presets import describe
 from ..resolve import Stack
-from . import horovod, mpi4py
 from .python import python_exe
 
 MANIFEST = "manifest.json"
@@ -31,6 +30,7 @@ def test_command(stack: Stack) -> list[str]:
 
 
 def labels(stack: Stack) -> dict[str, str]:
+    """The image's labels: what it is, from which spec, base and lock, and its stack's versions."""
     spec = stack.spec
     out = {
         "org.opencontainers.image.title": spec.name,
@@ -44,8 +44,10 @@ def labels(stack: Stack) -> dict[str, str]:
         base = stack.lock.base.get("runtime") or stack.lock.base["devel"]
         out["org.opencontainers.image.base.digest"] = base["digest"]
         out["dev.envbuilder.lock-resolved-at"] = stack.lock.resolved_at
-    out.update(horovod.labels(stack))
-    out.update(mpi4py.labels(stack))
+    if spec.horovod:
+        out["dev.envbuilder.horovod"] = f"{spec.horovod.version} ({','.join(spec.horovod.operations)})"
+    if stack.mpi4py_sdist:
+        out["dev.envbuilder.mpi4py"] = f"{stack.mpi4py_sdist['version']} (MPI-5 standard ABI, from its sdist)"
     if spec.cuda:
         out["dev.envbuilder.cuda"] = spec.cuda.version
     if spec.mpi:

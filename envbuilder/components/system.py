@@ -1,13 +1,17 @@
 """OS packages: one apt step per stage, gathering what every component needs.
 
-Owns: the locale and the apt invocation. Other components only name their packages.
+Owns: the locale and the apt invocation. Other components only name their packages
+(``LockNeeds.apt``); ``components.assemble`` hands them in gathered (``stage_packages``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from ..lock.pins import apt_file
 from ..plan import Step
 from ..resolve import Stack
-from . import conda, cuda, fabric, horovod, mpi, packages, python
+from .base import Component
 
 
 # apt's caches, removed in the step that made them, whatever the base's apt settings: Docker
@@ -28,29 +32,21 @@ def _apt_install(packages_: list[str]) -> list[str]:
     ]
 
 
-def devel_packages(stack: Stack) -> list[str]:
-    """What the first stage installs with apt (names, or name=version where the spec pins)."""
+def stage_packages(stack: Stack, asked: Iterable[dict[str, list[str]]]) -> dict[str, list[str]]:
+    """What each stage installs with apt (names, or name=version where the spec pins), from what
+    the components ask per stage. An NGC base is one stage that has the rest: only the spec's."""
     if stack.ngc:
-        return sorted(set(packages.apt(stack)))
-    pkgs = ["ca-certificates"]
-    for part in (python, cuda, mpi, fabric, horovod, conda):
-        pkgs += part.devel_apt(stack)
-    return sorted(set(pkgs))
-
-
-def runtime_packages(stack: Stack) -> list[str]:
-    if stack.ngc:
-        return []
-    pkgs = ["ca-certificates"]
-    for part in (python, cuda, mpi, fabric):
-        pkgs += part.runtime_apt(stack)
-    pkgs += packages.apt(stack)
-    return sorted(set(pkgs))
+        return {"devel": sorted(set(stack.spec.packages.apt))}
+    out = {"devel": {"ca-certificates"}, "runtime": {"ca-certificates"}}
+    for apt in asked:
+        for stage, pkgs in apt.items():
+            out[stage].update(pkgs)
+    return {stage: sorted(pkgs) for stage, pkgs in out.items()}
 
 
 def _locked_install(stage: str) -> tuple[list[str], str]:
     """apt-get install of the exact versions the lock holds (pins/apt-STAGE.txt, bind-mounted)."""
-    pins = f"pins/apt-{stage}.txt"
+    pins = apt_file(stage)
     return [
         "apt-get update",
         f"xargs -a /{pins} env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends",
@@ -70,8 +66,7 @@ def _step(stack: Stack, stage: str, title: str, pkgs: list[str]) -> Step:
     return Step("system", title, _apt_install(pkgs))
 
 
-def devel_steps(stack: Stack) -> list[Step]:
-    pkgs = devel_packages(stack)
+def devel_steps(stack: Stack, pkgs: list[str]) -> list[Step]:
     if stack.ngc:
         if not pkgs:
             return []
@@ -80,12 +75,20 @@ def devel_steps(stack: Stack) -> list[Step]:
                   pkgs)]
 
 
-def runtime_steps(stack: Stack) -> list[Step]:
-    return [_step(stack, "runtime", "OS packages the image needs at run time (no compilers)",
-                  runtime_packages(stack))]
+def runtime_steps(stack: Stack, pkgs: list[str]) -> list[Step]:
+    return [_step(stack, "runtime", "OS packages the image needs at run time (no compilers)", pkgs)]
 
 
-def runtime_env(stack: Stack) -> dict[str, str]:
-    # C.UTF-8 ships with glibc: a locale that always exists, so host LANG/LC_* cannot break tools
-    # inside (apptainer/singularity#645).
-    return {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+class System(Component):
+    def env(self, stack: Stack) -> dict[str, str]:
+        # C.UTF-8 ships with glibc: a locale that always exists, so host LANG/LC_* cannot break tools
+        # inside (apptainer/singularity#645).
+        return {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+
+    def expect(self, stack: Stack) -> dict:
+        lock = stack.lock
+        if lock is None:
+            return {}
+        # OS packages of the final stage, name -> version (for a dpkg drift check)
+        stage = "runtime" if "runtime" in lock.apt else "devel"
+        return {"apt": {e["name"]: e["version"] for e in lock.apt.get(stage, [])}}

@@ -8,7 +8,7 @@ sources.py  Horovod sdist / MPI tarball sha256 (catalog, checked against PyPI)
 pip.py      pip resolution for the image's Python and platform, with sha256
 conda.py    conda-lock lockfiles
 resolve.py  inputs from a spec, resolution kind by kind, does a lock match a spec
-render.py   pins/ files and install commands for the recipes
+pins.py     pins/ files and locked entries for the recipes (data; no shell)
 diff.py     compare two locks or manifests
 cli.py      `envbuilder lock`, `envbuilder diff`
 """

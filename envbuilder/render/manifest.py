@@ -6,7 +6,8 @@ import hashlib
 import json
 
 from .. import __version__
-from ..components import cuda, framework, horovod, mpi
+from ..components import COMPONENTS
+from ..components.horovod import patches
 from ..resolve import Stack
 
 
@@ -14,39 +15,16 @@ def image_tag(stack: Stack) -> str:
     return f"envbuilder/{stack.spec.name}:{stack.spec.sha256()[:12]}"
 
 
+# manifest.json's expect keys in the order manifests have always had them (older manifests stay
+# byte for byte); a component's new key needs its place here.
+EXPECT_KEYS = ("python", "framework", "horovod", "mpi", "cuda", "cudnn", "nccl", "gpu", "packages", "cuda_source",
+               "cuda_arch", "cuda_runtime", "cpu_env", "distributed", "apt", "conda")
+
+
 def expected(stack: Stack) -> dict:
-    spec = stack.spec
-    pins = {}
-    for req in spec.packages.pip:
-        name, _, version = req.partition("==")
-        pins[name.split("[")[0].lower()] = version
-    lock = stack.lock
-    if lock is not None:
-        # every locked Python package: the smoke suite's drift check compares them all
-        pins = lock.pip_versions()
-    out = {
-        "python": stack.python,
-        "framework": framework.expect(stack),
-        "horovod": horovod.expect(stack),
-        "mpi": mpi.expect(stack),
-        **cuda.expect(stack),
-        "packages": dict(sorted(pins.items())),
-        **cuda.expect_pypi(stack),
-    }
-    if stack.cpu_threads_env:
-        out["cpu_env"] = framework.cpu_env(stack)
-    dist = spec.canonical().get("distributed")
-    if dist:
-        # how the ranks talk (torch.distributed: its backend and launcher); absent for specs
-        # that only name horovod, whose manifests stay as they were
-        out["distributed"] = {"kind": dist["kind"], "backend": spec.torch_backend,
-                              "launcher": dist.get("launcher")}
-    if lock is not None:
-        # OS packages of the final stage, name -> version (for a dpkg drift check)
-        stage = "runtime" if "runtime" in lock.apt else "devel"
-        out["apt"] = {e["name"]: e["version"] for e in lock.apt.get(stage, [])}
-        out["conda"] = {p["name"]: p["version"] for p in lock.conda_packages()} or None
-    return out
+    """What the image promises (the smoke suite checks it): every component's part."""
+    out = {key: value for part in COMPONENTS for key, value in part.expect(stack).items()}
+    return dict(sorted(out.items(), key=lambda item: EXPECT_KEYS.index(item[0])))
 
 
 def render_manifest(stack: Stack, files: dict[str, bytes], smoke_sha: str) -> str:
@@ -62,7 +40,7 @@ def render_manifest(stack: Stack, files: dict[str, bytes], smoke_sha: str) -> st
         "expect": expected(stack),
         "build": {
             "mpi_source": stack.mpi_source,
-            "horovod_patches": [name for name, _ in horovod.patches(stack)],
+            "horovod_patches": [name for name, _ in patches(stack)],
             "framework_index_url": stack.framework_index_url,
             # the base's pip constraint file every pip step installed under (NGC PyTorch >= 25.03)
             **({"pip_constraint": stack.pip_constraint} if stack.pip_constraint else {}),

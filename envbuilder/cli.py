@@ -41,7 +41,7 @@ def _add_spec_arg(p):
 
 @command("check", "validate a spec against the compatibility rules (writes nothing)")
 def cmd_check(args) -> int:
-    from .resolve import resolve
+    from .stack import resolve
     from .spec import load_spec
 
     spec = load_spec(args.spec)
@@ -223,7 +223,7 @@ def _defexec_args(p):
 def cmd_presets(args) -> int:
     from .presets import describe, load_presets
     from .render.manifest import expected
-    from .resolve import resolve
+    from .stack import resolve
 
     rows = []
     for path, spec in load_presets():

@@ -17,7 +17,7 @@ from .render.dockerfile import render_dockerfile
 from .render.manifest import render_manifest
 from .render.sbatch import render_epilog, render_sbatch
 from .render.sbatch_sections.nodelocal import EPILOG
-from .resolve import Stack, resolve
+from .stack import Stack, resolve
 from .slurm.job import plan_job
 from .spec import Spec
 

@@ -27,7 +27,7 @@ from .lock.resolve import resolve_lock
 from .lock.variant import check_framework_build
 from .needs import bootstrap_prefer, needs, source_tarballs
 from .output import check_output_folder, check_replaceable, write_folder
-from .resolve import Stack, resolve
+from .stack import Stack, resolve
 from .spec import load_spec
 
 

@@ -129,7 +129,7 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
     from .lock.model import LOCK_NAME
     from .lockcmd import ensure_locked, existing_lock, lock_path
     from .output import check_output_folder, write_folder
-    from .resolve import resolve
+    from .stack import resolve
     from .slurm.options import apply_job_options
     from .spec import load_spec
 

@@ -1,6 +1,6 @@
 """The layout's rules, read from the source (an AST scan of envbuilder/, no import of it):
 
-- no import cycle between envbuilder's parts (a part: a top-level module such as resolve.py, or a
+- no import cycle between envbuilder's parts (a part: a top-level module such as stack.py, or a
   package such as lock/ taken whole), whether the import is at the top or inside a function;
 - no `from x import _private` across parts (a leading underscore means "this part only");
 - the lock package imports no component, no engine and no renderer (the lock only resolves needs
@@ -25,7 +25,7 @@ def _module_name(path: Path) -> tuple[str, bool]:
 
 
 def _part(module: str) -> str:
-    """envbuilder.lock.pip -> envbuilder.lock; envbuilder.resolve -> envbuilder.resolve."""
+    """envbuilder.lock.pip -> envbuilder.lock; envbuilder.stack -> envbuilder.stack."""
     bits = module.split(".")
     return ".".join(bits[:2])
 
@@ -95,7 +95,7 @@ def test_the_scan_sees_the_imports_it_must():
     graph = _graph()
     assert "envbuilder.lock" in graph["envbuilder.components"]       # components read their pins
     assert "envbuilder.slurm" in graph["envbuilder.verify"]          # verify --slurm submits jobs
-    assert "envbuilder.compat" in graph["envbuilder.resolve"]
+    assert "envbuilder.compat" in graph["envbuilder.stack"]
     # and it finds a cycle when there is one
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
 

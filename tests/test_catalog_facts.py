@@ -12,7 +12,7 @@ import pytest
 from envbuilder.compat.catalog import load_catalog
 from envbuilder.generate import generate
 from envbuilder.needs import needs
-from envbuilder.resolve import resolve
+from envbuilder.stack import resolve
 from envbuilder.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -204,7 +204,7 @@ def test_mpich_before_4_2_uses_the_older_pmi2_option(tmp_path):
 
 
 def test_mpich_lock_needs_the_tarball(tmp_path):
-    from envbuilder.resolve import resolve
+    from envbuilder.stack import resolve
 
     stack = resolve(spec_of(tmp_path, MPICH, VERSION="5.0.1"))
     assert needs(stack)["sources"] == {"horovod": "0.28.1", "mpich": "5.0.1"}
@@ -275,7 +275,7 @@ def test_pip_steps_on_an_ngc_25_base_install_under_its_constraint_file(tmp_path)
     manifest = json.loads(files["manifest.json"])
     assert manifest["build"]["pip_constraint"] == CONSTRAINT
     assert hadolint_findings(tmp_path, files["Dockerfile"]) == []
-    from envbuilder.resolve import resolve
+    from envbuilder.stack import resolve
 
     assert needs(resolve(spec_of(tmp_path, NGC_TORCH, **NGC_2512)))["pip"]["constraint"] == CONSTRAINT
 

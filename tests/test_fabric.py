@@ -292,7 +292,7 @@ def test_efa_builds_libfabric_and_the_nccl_plugin_from_hashed_tarballs_into_the_
     definition file carries the same build."""
     from envbuilder.compat.catalog import load_catalog as cat_
     from envbuilder.needs import source_tarballs
-    from envbuilder.resolve import resolve
+    from envbuilder.stack import resolve
     from envbuilder.spec import load_spec
     from infra import venv_tool
 

@@ -87,11 +87,11 @@ def test_build_of_a_gpu_preset_with_a_cpu_wheelhouse_stops_at_the_lock_before_th
 def test_the_manifest_expects_the_cuda_runtime_the_lock_installs(preset, runtime_wheel, built, expected):
     from envbuilder.lock.model import Lock
     from envbuilder.render.manifest import expected as manifest_expect
-    from envbuilder.resolve import resolve
+    from envbuilder.stack import resolve
     from envbuilder.spec import load_spec
 
-    stack = resolve(load_spec(RECIPES / f"{preset}.yaml"))
-    assert "cuda_runtime" not in manifest_expect(stack)            # no lock: the spec's CUDA only
-    stack.lock = Lock(name=preset, inputs={}, pip={"framework": [entry(*runtime_wheel), *NVIDIA]})
-    expect = manifest_expect(stack)
+    spec = load_spec(RECIPES / f"{preset}.yaml")
+    assert "cuda_runtime" not in manifest_expect(resolve(spec))            # no lock: the spec's CUDA only
+    lock = Lock(name=preset, inputs={}, pip={"framework": [entry(*runtime_wheel), *NVIDIA]})
+    expect = manifest_expect(resolve(spec, lock))
     assert (expect["cuda"], expect["cuda_runtime"]) == (built, expected)

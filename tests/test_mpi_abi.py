@@ -135,7 +135,7 @@ def test_the_lock_pins_the_mpi4py_sdist_and_cython_and_renders_from_them(tmp_pat
 
     from envbuilder.lock.model import dump, loads
     from envbuilder.needs import needs
-    from envbuilder.resolve import resolve
+    from envbuilder.stack import resolve
 
     spec = spec_file(tmp_path, "a", ABI)
     want = needs(resolve(load_spec(spec)))

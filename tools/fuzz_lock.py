@@ -51,7 +51,7 @@ def sample_lock(spec_path: Path = SPEC):
     from envbuilder import __version__
     from envbuilder.lock.model import Lock
     from envbuilder.needs import needs, source_tarballs
-    from envbuilder.resolve import resolve
+    from envbuilder.stack import resolve
     from envbuilder.spec import load_spec
 
     stack = resolve(load_spec(spec_path))

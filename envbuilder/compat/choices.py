@@ -1,6 +1,6 @@
 """What the catalog chooses where the spec is silent: the default base image, where MPI comes from.
 
-Read by the rules (compat/rules*.py, compat/finding.py) and by the stack (resolve.py); imports neither.
+Read by the rules (compat/rules*.py, compat/finding.py) and by the stack (stack.py); imports neither.
 """
 
 from __future__ import annotations

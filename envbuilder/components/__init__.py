@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from ..lock.model import PIP_GROUPS
 from ..plan import Copy, Plan, Stage, Step
-from ..resolve import Stack
+from ..stack import Stack
 from . import conda, cuda, fabric, framework, horovod, mpi, mpi4py, packages, python, smoke, system
 from .base import Layer, LockNeeds
 

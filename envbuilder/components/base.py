@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 
 from ..plan import Copy, Step
-from ..resolve import Stack
+from ..stack import Stack
 
 
 class Layer(Enum):

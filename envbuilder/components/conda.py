@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..lock import conda as conda_
 from ..paths import CONDA_PREFIX
 from ..plan import Copy, Step
-from ..resolve import Stack
+from ..stack import Stack
 from .base import Component, Layer, LockNeeds
 
 PREFIX = CONDA_PREFIX

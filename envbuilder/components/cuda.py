@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..plan import Copy, Step
 from ..quoting import shell_word
-from ..resolve import Stack
+from ..stack import Stack
 from ..versions import minor
 from .base import Component, Layer, LockNeeds
 from .python import locked_pip, pip, pip_env, python_exe

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..lock.pins import source
 from ..plan import Copy, Step
 from ..quoting import shell_word
-from ..resolve import Stack
+from ..stack import Stack
 from .base import Component, Layer, LockNeeds
 from .cuda import CUDA_HOME
 

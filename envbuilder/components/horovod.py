@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..lock.pins import source
 from ..paths import VENV
 from ..plan import Step
-from ..resolve import Stack
+from ..stack import Stack
 from ..versions import satisfies
 from . import cuda, mpi
 from .base import Component, Layer, LockNeeds

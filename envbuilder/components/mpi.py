@@ -21,7 +21,7 @@ from ..lock.pins import source
 from ..paths import VENV
 from ..plan import Copy, Step
 from ..quoting import shell_word
-from ..resolve import Stack
+from ..stack import Stack
 from ..versions import satisfies
 from . import fabric
 from .base import Component, Layer, LockNeeds

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..lock.pins import source
 from ..paths import VENV
 from ..plan import Step
-from ..resolve import Stack
+from ..stack import Stack
 from . import mpi
 from .base import Component, Layer, LockNeeds
 from .python import locked_pip, pip, pip_env, python_exe

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from ..plan import Step
-from ..resolve import Stack
+from ..stack import Stack
 from .base import Component, Layer, LockNeeds
 from .python import locked_pip, pip, pip_env
 

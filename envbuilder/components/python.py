@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..lock.pins import locked_pip_file
 from ..paths import VENV
 from ..plan import Copy, Step
-from ..resolve import Stack
+from ..stack import Stack
 from .base import Component, Layer, LockNeeds
 
 # Bootstrap tools, pinned (they work on Python 3.8 - 3.13).

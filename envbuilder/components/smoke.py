@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..paths import PREFIX, SMOKE_DIR
 from ..plan import Copy, Step
 from ..presets import describe
-from ..resolve import Stack
+from ..stack import Stack
 from .python import python_exe
 
 MANIFEST = "manifest.json"

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from ..lock.pins import apt_file
 from ..plan import Step
-from ..resolve import Stack
+from ..stack import Stack
 from .base import Component
 
 

@@ -8,7 +8,7 @@ import json
 from .. import __version__
 from ..components import COMPONENTS
 from ..components.horovod import patches
-from ..resolve import Stack
+from ..stack import Stack
 
 
 def image_tag(stack: Stack) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..components.framework import cpu_env as framework_cpu_env
-from ..resolve import Stack
+from ..stack import Stack
 from ..runtimes import runtime as runtime_for
 from . import sweeps
 from .preflight import GpuNeeds, needs as gpu_needs

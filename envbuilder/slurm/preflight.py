@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..compat.finding import context_for
 from ..compat.rules_gpu import COMPAT_RE, arch_list
-from ..resolve import Stack
+from ..stack import Stack
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from envbuilder.components.horovod import build_flags, patches  # noqa: E402
 from envbuilder.stack import Stack, resolve  # noqa: E402
-from envbuilder.spec import load_spec  # noqa: E402
+from envbuilder.spec.model import load_spec  # noqa: E402
 
 PRESET = {"pytorch": "cpu-torch.yaml", "tensorflow": "cpu-tf.yaml"}
 MODULE = {"pytorch": "torch", "tensorflow": "tensorflow"}

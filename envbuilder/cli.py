@@ -42,7 +42,7 @@ def _add_spec_arg(p):
 @command("check", "validate a spec against the compatibility rules (writes nothing)")
 def cmd_check(args) -> int:
     from .stack import resolve
-    from .spec import load_spec
+    from .spec.model import load_spec
 
     spec = load_spec(args.spec)
     if args.site:
@@ -89,7 +89,7 @@ def _build_args(p):
 
 def _job_args(p):
     """Job-script options (envbuilder/slurm): override the spec's `cluster` section."""
-    from .schema import RUNTIMES
+    from .spec.schema import RUNTIMES
 
     p.add_argument("--runtime", choices=RUNTIMES, help="how job.sbatch runs the image (cluster.runtime)")
     p.add_argument("--site", metavar="NAME|FILE", help="site profile: sites/NAME.yaml or a file")
@@ -221,7 +221,7 @@ def _defexec_args(p):
 
 @command("presets", "list the known-good stacks (recipes/) with their full version sets")
 def cmd_presets(args) -> int:
-    from .presets import describe, load_presets
+    from .spec.presets import describe, load_presets
     from .render.manifest import expected
     from .stack import resolve
 
@@ -250,7 +250,7 @@ def cmd_presets(args) -> int:
 
 @command("schema", "print the spec's JSON Schema (for editors)")
 def cmd_schema(args) -> int:
-    from .schema import json_schema
+    from .spec.schema import json_schema
 
     _print_json(json_schema())
     return 0

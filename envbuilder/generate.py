@@ -19,7 +19,7 @@ from .render.sbatch import render_epilog, render_sbatch
 from .render.sbatch_sections.nodelocal import EPILOG
 from .stack import Stack, resolve
 from .slurm.job import plan_job
-from .spec import Spec
+from .spec.model import Spec
 
 SMOKE_SOURCE = Path(__file__).resolve().parent / "smoke"
 

@@ -28,7 +28,7 @@ from .lock.variant import check_framework_build
 from .needs import bootstrap_prefer, needs, source_tarballs
 from .output import check_output_folder, check_replaceable, write_folder
 from .stack import Stack, resolve
-from .spec import load_spec
+from .spec.model import load_spec
 
 
 def lock_path(spec, lock: str | None = None, out: str | None = None) -> Path:

@@ -131,7 +131,7 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
     from .output import check_output_folder, write_folder
     from .stack import resolve
     from .slurm.options import apply_job_options
-    from .spec import load_spec
+    from .spec.model import load_spec
 
     spec = apply_job_options(load_spec(req.spec), site=req.site, runtime=req.runtime, sweep=list(req.sweep))
     _check_sif_request(req)

@@ -4,7 +4,7 @@ A value is a credential when it holds a login in a URL (``scheme://user:password
 userinfo, up to the last @ before the host), a token-like query parameter (``?token=``,
 ``&sig=``, ``X-Amz-Signature=``...) or a string shaped like a well-known token (``ghp_...``,
 ``AKIA...``, a JWT...). A name is a credential's when it reads like one (``*TOKEN*``, ``*_PWD``,
-``*_KEY``...). Spec, site and sweep values found so are refused (schema.py, slurm/sweeps.py),
+``*_KEY``...). Spec, site and sweep values found so are refused (spec/schema.py, slurm/sweeps.py),
 never written; every message goes through ``redact`` (errors.py), which hides all of them.
 
 The lowest layer (imports nothing of envbuilder's), so that errors.py and quoting.py can both use it.

@@ -13,7 +13,7 @@ from .compat.catalog import Catalog, load_catalog
 from .compat.choices import mpi_source
 from .compat.check import check
 from .compat.finding import Finding, context_for
-from .spec import Spec
+from .spec.model import Spec
 from .versions import major, minor
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ class Stack:
     catalog: Catalog
     base: str
     runtime_base: str
-    os_name: str
+    os_name: str | None             # the base's OS (catalog), None for a base the catalog does not know
     ngc: dict | None
     findings: list[Finding] = field(default_factory=list)
     lock: Lock | None = None        # every pin comes from it; None: the spec's and the catalog's pins
@@ -94,9 +94,10 @@ class Stack:
 
     @property
     def mpi_tarball(self) -> dict | None:
-        if self.mpi_source != "build":
+        mpi = self.spec.mpi
+        if mpi is None or self.mpi_source != "build":
             return None
-        return self.catalog.mpi_tarball(self.spec.mpi.flavor, self.spec.mpi.version)
+        return self.catalog.mpi_tarball(mpi.flavor, mpi.version)
 
     @property
     def nccl(self) -> str | None:

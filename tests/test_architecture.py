@@ -235,7 +235,7 @@ def test_every_engine_is_offered_where_its_capabilities_say():
 
 def test_every_runtime_answers_for_where_it_is_offered():
     from envbuilder.runtimes import JOB_RUNTIMES, REGISTRY, VERIFY_RUNTIMES, Runtime, runtime
-    from envbuilder.schema import RUNTIMES
+    from envbuilder.spec.schema import RUNTIMES
 
     assert RUNTIMES == JOB_RUNTIMES and "docker" in VERIFY_RUNTIMES and "docker" not in JOB_RUNTIMES
     for name in REGISTRY:

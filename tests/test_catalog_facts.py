@@ -13,7 +13,7 @@ from envbuilder.compat.catalog import load_catalog
 from envbuilder.generate import generate
 from envbuilder.needs import needs
 from envbuilder.stack import resolve
-from envbuilder.spec import load_spec
+from envbuilder.spec.model import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "envbuilder"

@@ -18,7 +18,7 @@ from envbuilder.compat.catalog import Catalog, load_catalog
 from envbuilder.compat.check import findings
 from envbuilder.generate import generate
 from envbuilder.needs import needs
-from envbuilder.spec import load_spec
+from envbuilder.spec.model import load_spec
 from envbuilder.versions import cmp
 
 SHA256 = re.compile(r"[0-9a-f]{64}")

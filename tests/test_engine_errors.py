@@ -43,7 +43,7 @@ def test_apptainer_engine_names_the_command_it_would_run(cli, tmp_path):
 def test_apptainer_converts_a_docker_image_when_the_engine_has_it(tmp_path):
     from envbuilder.engines.apptainer import apptainer_command
     from envbuilder.generate import generate
-    from envbuilder.spec import load_spec
+    from envbuilder.spec.model import load_spec
 
     output = generate(load_spec(RECIPES / "cpu-torch.yaml"))
     cmd = apptainer_command(tmp_path, output, "singularity", from_docker="envbuilder/cpu-torch-horovod:abc")

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import RECIPES, run_envbuilder
 from envbuilder.compat.catalog import load_catalog
-from envbuilder.schema import FABRICS
+from envbuilder.spec.schema import FABRICS
 from envbuilder.smoke import fabric as fab
 
 MINICLUSTER = (RECIPES.parent / "sites" / "minicluster.yaml").read_text()
@@ -59,7 +59,7 @@ def test_a_plugin_older_than_1_17_is_refused_on_cuda_13(tmp_path):
 
     from envbuilder.compat.catalog import Catalog
     from envbuilder.compat.check import check
-    from envbuilder.spec import load_spec
+    from envbuilder.spec.model import load_spec
 
     data = copy.deepcopy(load_catalog().data)
     data["nccl_plugins"]["aws-ofi-nccl"]["version"] = "1.16.0"
@@ -293,7 +293,7 @@ def test_efa_builds_libfabric_and_the_nccl_plugin_from_hashed_tarballs_into_the_
     from envbuilder.compat.catalog import load_catalog as cat_
     from envbuilder.needs import source_tarballs
     from envbuilder.stack import resolve
-    from envbuilder.spec import load_spec
+    from envbuilder.spec.model import load_spec
     from infra import venv_tool
 
     r, out = render(tmp_path, "fabric: efa\n", recipe="torch-ddp-pypi.yaml")

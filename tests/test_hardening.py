@@ -26,7 +26,7 @@ import yaml
 from conftest import RECIPES
 
 from envbuilder.cli import main
-from envbuilder.schema import SPEC_FIELDS
+from envbuilder.spec.schema import SPEC_FIELDS
 
 MARK = "MARKER"
 PAYLOADS = [

@@ -88,7 +88,7 @@ def test_the_manifest_expects_the_cuda_runtime_the_lock_installs(preset, runtime
     from envbuilder.lock.model import Lock
     from envbuilder.render.manifest import expected as manifest_expect
     from envbuilder.stack import resolve
-    from envbuilder.spec import load_spec
+    from envbuilder.spec.model import load_spec
 
     spec = load_spec(RECIPES / f"{preset}.yaml")
     assert "cuda_runtime" not in manifest_expect(resolve(spec))            # no lock: the spec's CUDA only

@@ -25,7 +25,7 @@ import pytest
 
 from conftest import run_envbuilder
 from envbuilder.generate import generate
-from envbuilder.spec import load_spec
+from envbuilder.spec.model import load_spec
 from infra import docker_cli, long_build, require_binary, venv_tool
 from test_mpi_pypi import MPICH, impi_on_cluster_nodes, site_file, spec_file
 

@@ -25,7 +25,7 @@ import pytest
 from conftest import run_envbuilder
 from infra import sbatch_until_done
 from envbuilder.generate import generate
-from envbuilder.spec import load_spec
+from envbuilder.spec.model import load_spec
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 

@@ -221,7 +221,7 @@ def test_schema_accepts_every_preset():
     import jsonschema
     import yaml
 
-    from envbuilder.schema import json_schema
+    from envbuilder.spec.schema import json_schema
 
     for preset in PRESETS:
         jsonschema.validate(yaml.safe_load(preset.read_text()), json_schema())

@@ -164,7 +164,7 @@ def test_bad_site_and_sweep_input_get_one_message_and_exit_2(cli, write_spec, tm
 
 def test_the_spec_hash_of_existing_specs_is_unchanged_by_the_new_keys():
     """Image tags derive from the spec hash: adding cluster keys must not retag every image."""
-    from envbuilder.spec import load_spec
+    from envbuilder.spec.model import load_spec
 
     assert load_spec(RECIPES / "cpu-torch.yaml").sha256().startswith("141fef067edc")
 

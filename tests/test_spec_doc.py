@@ -37,7 +37,7 @@ def test_a_rule_is_listed_under_the_key_its_finding_names():
 
 
 def test_every_key_has_an_example_the_schema_accepts():
-    from envbuilder.schema import _check
+    from envbuilder.spec.schema import _check
 
     class Doc:
         raw: dict = {}
@@ -47,7 +47,7 @@ def test_every_key_has_an_example_the_schema_accepts():
 
     for path, f in gen.all_keys(gen.SPEC_FIELDS).items():
         value, _where = gen.example_value(path, f)
-        assert value is not None, f"{path}: no example (give the field example= in envbuilder/schema.py)"
+        assert value is not None, f"{path}: no example (give the field example= in envbuilder/spec/schema.py)"
         errors: list = []
         _check(path, f, value, Doc(), errors, "docs/spec.md")
         assert not errors, (path, [e.message() for e in errors])

@@ -52,7 +52,7 @@ def sample_lock(spec_path: Path = SPEC):
     from envbuilder.lock.model import Lock
     from envbuilder.needs import needs, source_tarballs
     from envbuilder.stack import resolve
-    from envbuilder.spec import load_spec
+    from envbuilder.spec.model import load_spec
 
     stack = resolve(load_spec(spec_path))
     want = needs(stack)

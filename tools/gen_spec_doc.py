@@ -3,7 +3,7 @@
     python tools/gen_spec_doc.py            # rewrite docs/spec.md
     python tools/gen_spec_doc.py --check    # exit 1 when docs/spec.md is out of date
 
-Every key, its type, default, allowed values and an example come from envbuilder/schema.py
+Every key, its type, default, allowed values and an example come from envbuilder/spec/schema.py
 (SPEC_FIELDS, the source `envbuilder schema` prints) and envbuilder/slurm/sites.py (which keys a
 site profile takes). The rules that report on a key come from the rule modules themselves
 (envbuilder/compat/rules*.py): an AST scan of every ``Finding(CODE, LEVEL, FIELD, ...)`` call,
@@ -25,7 +25,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from envbuilder.schema import SPEC_FIELDS, Field  # noqa: E402
+from envbuilder.spec.schema import SPEC_FIELDS, Field  # noqa: E402
 from envbuilder.slurm import sites  # noqa: E402
 
 DOC = ROOT / "docs" / "spec.md"
@@ -255,11 +255,11 @@ def render() -> str:
     out = [
         "# Spec and site-profile reference",
         "",
-        f"<!-- Generated from envbuilder/schema.py by `{COMMAND}`: do not edit by hand. -->",
+        f"<!-- Generated from envbuilder/spec/schema.py by `{COMMAND}`: do not edit by hand. -->",
         "",
         "A spec is one YAML file (`recipes/` holds working ones; `envbuilder presets` lists them). This page",
         "lists every key it takes, generated from the same declaration that checks a spec",
-        "(envbuilder/schema.py); `envbuilder schema` prints it as a JSON Schema for editors. A key",
+        "(envbuilder/spec/schema.py); `envbuilder schema` prints it as a JSON Schema for editors. A key",
         "envbuilder does not know is refused with the nearest known one. Under **rules** are the",
         "compatibility rules (envbuilder/compat/) that report a finding on the key: an error stops",
         "`check` and `build` (exit 2), a warning or an info is printed and recorded in the manifest.",

@@ -5,8 +5,8 @@ each module's rules in the order they are written (the order findings are printe
 from __future__ import annotations
 
 from ..errors import SpecErrors
-from ..presets import nearest_preset
-from ..spec import Spec
+from ..spec.presets import nearest_preset
+from ..spec.model import Spec
 from . import rules, rules_distributed, rules_fabric, rules_gpu
 from .catalog import Catalog
 from .finding import ERROR, Finding, context_for

@@ -5,7 +5,7 @@ Read by the rules (compat/rules*.py, compat/finding.py) and by the stack (stack.
 
 from __future__ import annotations
 
-from ..spec import Spec
+from ..spec.model import Spec
 from ..versions import matches, minor
 from .catalog import Catalog
 

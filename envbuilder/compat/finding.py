@@ -8,9 +8,10 @@ and recorded in the manifest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 
-from ..spec import Spec
+from ..spec.model import Spec
 from .catalog import Catalog, load_catalog
 from .choices import default_base
 
@@ -24,7 +25,7 @@ class Finding:
     field: str
     reason: str
     fix: str = ""
-    sources: list[str] = field(default_factory=list)
+    sources: list[str] = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"rule": self.rule, "level": self.level, "field": self.field,

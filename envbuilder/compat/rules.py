@@ -6,7 +6,7 @@ compat/check.py runs them all, in the order it lists them.
 from __future__ import annotations
 
 from ..runtimes import runtime
-from ..spec import Spec
+from ..spec.model import Spec
 from ..versions import cmp, major, matches, minor, release, satisfies
 from .catalog import Catalog
 from .choices import mpi_source

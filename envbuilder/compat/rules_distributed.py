@@ -5,7 +5,7 @@ Run by compat/check.py (same Finding shape: rule code, reason, fix, sources).
 
 from __future__ import annotations
 
-from ..spec import Spec
+from ..spec.model import Spec
 from .finding import ERROR, WARN, Context, Finding, rule
 
 

@@ -5,7 +5,7 @@ compat/check.py."""
 
 from __future__ import annotations
 
-from ..spec import Spec
+from ..spec.model import Spec
 from ..versions import satisfies
 from .finding import ERROR, WARN, Context, Finding, rule
 from .rules_gpu import COMPAT_RE

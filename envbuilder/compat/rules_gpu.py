@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ..spec import Spec
+from ..spec.model import Spec
 from ..versions import cmp, major, minor
 from .finding import ERROR, INFO, WARN, Context, Finding, rule
 

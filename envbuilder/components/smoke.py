@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..paths import PREFIX, SMOKE_DIR
 from ..plan import Copy, Step
-from ..presets import describe
+from ..spec.presets import describe
 from ..stack import Stack
 from .python import python_exe
 

@@ -25,7 +25,7 @@ import yaml
 
 from ..errors import CheckFailed, EnvbuilderError
 from ..paths import CONDA_PREFIX
-from ..spec import CONDA_RE
+from ..spec.model import CONDA_RE
 
 PLATFORM = "linux-64"
 INSTALLER = "micromamba"

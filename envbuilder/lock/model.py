@@ -25,7 +25,7 @@ from pathlib import Path
 from ..errors import EnvbuilderError
 from ..jsonfile import check_shape, loads_bounded, read_bounded
 from ..quoting import IMAGE_REF_RE
-from ..schema import URL_RE
+from ..spec.schema import URL_RE
 from .schema import LOCK_SCHEMA
 
 SCHEMA = "envbuilder.lock/1"
@@ -178,7 +178,7 @@ def _err(path: str | None, entry: str, reason: str, fix: str = "") -> LockError:
 
 
 def loads(text: str, path: str | None = None) -> Lock:
-    """A lock from its text: bounded size and nesting, then its whole shape (schema.py), then the
+    """A lock from its text: bounded size and nesting, then its whole shape (lock/schema.py), then the
     consistency of every entry, then the seals. One LockError naming the place otherwise."""
     if len(text) > MAX_LOCK_BYTES:
         raise _err(path, "envbuilder.lock", f"is {len(text)} bytes, more than a lock can be "

@@ -8,7 +8,7 @@ return). ``model.loads`` checks a lock's whole shape against it before any field
 from __future__ import annotations
 
 from ..quoting import IMAGE_REF_RE
-from ..schema import URL_RE
+from ..spec.schema import URL_RE
 
 SHA256 = r"[0-9a-f]{64}"
 NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..errors import EnvbuilderError
-from ..schema import RUNTIMES
-from ..spec import Spec
+from ..spec.schema import RUNTIMES
+from ..spec.model import Spec
 from . import sites, sweeps
 
 

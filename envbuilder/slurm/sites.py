@@ -23,9 +23,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import EnvbuilderError, SpecErrors
-from ..schema import SPEC_FIELDS, Field, check_object
-from ..spec import Cluster, cluster_from_data
-from ..yamlsource import read_spec_file
+from ..spec.schema import SPEC_FIELDS, Field, check_object
+from ..spec.model import Cluster, cluster_from_data
+from ..spec.yamlsource import read_spec_file
 
 PROFILE_ONLY = {
     "name": Field("string", "The site's name (what --site takes)."),

@@ -13,7 +13,7 @@ import math
 from ..errors import EnvbuilderError
 from ..quoting import CONTROL_RE
 from ..redact import credential_in, secret_name
-from ..schema import RUN_TIME_FIX, SWEEP_RE, shown
+from ..spec.schema import RUN_TIME_FIX, SWEEP_RE, shown
 
 MAX_TASKS = 10000   # Slurm's default MaxArraySize is 1001; sites raise it; beyond this is a typo
 

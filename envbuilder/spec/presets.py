@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .spec import Spec, load_spec
-from .versions import release
+from .model import Spec, load_spec
+from ..versions import release
 
 
 def recipes_dir() -> Path:
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "recipes", here / "recipes"):
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package.parent / "recipes", package / "recipes"):
         if candidate.is_dir():
             return candidate
-    return here.parent / "recipes"
+    return package.parent / "recipes"
 
 
 def preset_paths() -> list[Path]:

@@ -6,11 +6,11 @@ import difflib
 import re
 from dataclasses import dataclass, field as dc_field
 
-from .errors import EnvbuilderError
+from ..errors import EnvbuilderError
 
-from .quoting import CONTROL_RE, IMAGE_REF_RE
-from .redact import SECRET_NAME_RE, credential_in, redact_url, secret_name  # noqa: F401 (SECRET_NAME_RE: re-exported)
-from .runtimes import JOB_RUNTIMES
+from ..quoting import CONTROL_RE, IMAGE_REF_RE
+from ..redact import SECRET_NAME_RE, credential_in, redact_url, secret_name  # noqa: F401 (SECRET_NAME_RE: re-exported)
+from ..runtimes import JOB_RUNTIMES
 
 # Every pattern is used with re.fullmatch (Python's `$` also matches before a final newline)
 # and written so that no two branches can match the same text (linear time on any input).
@@ -460,7 +460,7 @@ def check_object(path, children: dict, value: dict, doc, errors, source) -> dict
 
 def validate(doc) -> dict:
     """Check ``doc.data`` against SPEC_FIELDS; return normalised data or raise SpecErrors."""
-    from .errors import SpecErrors
+    from ..errors import SpecErrors
 
     errors: list[EnvbuilderError] = []
     if not isinstance(doc.data, dict):

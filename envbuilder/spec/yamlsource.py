@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import EnvbuilderError
+from ..errors import EnvbuilderError
 
 
 @dataclass

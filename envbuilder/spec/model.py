@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import EnvbuilderError, SpecErrors
+from ..errors import EnvbuilderError, SpecErrors
 from .schema import shown, validate
 from .yamlsource import SourceDoc, read_spec_file
 

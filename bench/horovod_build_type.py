@@ -4,7 +4,7 @@ before and after `strip --strip-debug` (what every envbuilder image does to it),
 
 Each run unpacks the hash-checked sdist into a fresh folder and builds it as the preset's image
 does (recipes/cpu-torch.yaml for torch, recipes/cpu-tf.yaml for TensorFlow): the source fixes and
-HOROVOD_* flags come from envbuilder.components.horovod for that preset's stack, then
+HOROVOD_* flags come from envbuilder.plan.components.horovod for that preset's stack, then
 `setup.py build_ext` runs with the given Python (which must hold the preset's framework release: by
 default the host smoke environment, /opt/envbuilder-smoke-venv) and the host's MPI (mpicc on PATH).
 The two build types alternate (--runs pairs), so a busy machine slows both alike.
@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from envbuilder.components.horovod import build_flags, patches  # noqa: E402
+from envbuilder.plan.components.horovod import build_flags, patches  # noqa: E402
 from envbuilder.stack import Stack, resolve  # noqa: E402
 from envbuilder.spec.model import load_spec  # noqa: E402
 

@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .components import assemble
+from .plan.components import assemble
 from .lock.model import Lock, dump
 from .lock.pins import pins_files
 from .lock.resolve import check_matches
@@ -18,7 +18,7 @@ from .render.manifest import render_manifest
 from .render.sbatch import render_epilog, render_sbatch
 from .render.sbatch_sections.nodelocal import EPILOG
 from .stack import Stack, resolve
-from .slurm.job import plan_job
+from .plan.job import plan_job
 from .spec.model import Spec
 
 SMOKE_SOURCE = Path(__file__).resolve().parent / "smoke"

@@ -6,7 +6,7 @@ as the lock's ``inputs``, so a changed spec shows as a changed need.
 
 from __future__ import annotations
 
-from .components import lock_needs, python
+from .plan.components import lock_needs, python
 
 def glibc(stack) -> str:
     return str((stack.catalog.os(stack.os_name) or {}).get("glibc") or stack.catalog.default_glibc())

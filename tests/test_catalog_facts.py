@@ -106,10 +106,10 @@ def test_real_resolution_for_aarch64_pins_aarch64_wheels():
 
 
 def test_the_bootstrap_tools_versions_are_written_once():
-    from envbuilder.components.python import BOOTSTRAP, bootstrap_prefer
+    from envbuilder.plan.components.python import BOOTSTRAP, bootstrap_prefer
 
     pins = [re.compile(re.escape(b.split("==")[0]) + r"['\"]?\s*[:=]+\s*['\"]?" + re.escape(b.split("==")[1]))
             for b in BOOTSTRAP]
     hits = {r.pattern: [str(p.relative_to(ROOT)) for p in PKG.rglob("*.py") if r.search(p.read_text())] for r in pins}
-    assert all(files == ["envbuilder/components/python.py"] for files in hits.values()), hits
+    assert all(files == ["envbuilder/plan/components/python.py"] for files in hits.values()), hits
     assert bootstrap_prefer(_stack("cpu-torch-ddp.yaml")) == {"setuptools": "69.5.1", "wheel": "0.43.0"}

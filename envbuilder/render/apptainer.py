@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..plan import Copy, Plan, Step
+from ..plan.image import Copy, Plan, Step
 from ..quoting import apptainer_export, apptainer_line, apptainer_text, image_ref, shell_words
 from .common import CA_SECRET, NETRC_SECRET, export_line, header, network_setup
 

@@ -3,7 +3,7 @@ every layer)."""
 
 from __future__ import annotations
 
-from ..plan import Copy, Plan, Step
+from ..plan.image import Copy, Plan, Step
 from ..quoting import docker_comment, docker_value, image_ref, one_line
 from .common import WHEELHOUSE, export_line, header, network_setup, shell_join
 

@@ -6,8 +6,8 @@ import hashlib
 import json
 
 from .. import __version__
-from ..components import COMPONENTS
-from ..components.horovod import patches
+from ..plan.components import COMPONENTS
+from ..plan.components.horovod import patches
 from ..stack import Stack
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ..paths import MANIFEST_IN_IMAGE as IMAGE_MANIFEST, SMOKE_DIR
 from ..quoting import sbatch_value, shell_assign, shell_default, shell_word
-from ..slurm.job import HostSoftware, Image, JobPlan, SiteMpi
+from ..plan.job import HostSoftware, Image, JobPlan, SiteMpi
 from .common import header
 from .sbatch_sections import nodelocal, preflight, staging, tfconfig, vetting
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...quoting import shell_word
-from ...slurm.job import JobPlan
+from ...plan.job import JobPlan
 
 MARKER = ".envbuilder-job"
 EPILOG = "slurm-epilog.sh"

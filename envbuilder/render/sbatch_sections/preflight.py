@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from ...quoting import shell_word
-from ...slurm.job import JobPlan
+from ...plan.job import JobPlan
 
 VERSION_LT = ('version_lt() { [ "$1" != "$2" ] && '
               '[ "$(printf \'%s\\n%s\\n\' "$1" "$2" | sort -V | head -n 1)" = "$1" ]; }')

@@ -11,7 +11,7 @@ renamed when complete; the folder goes when the job ends (nodelocal.py says who 
 from __future__ import annotations
 
 from ...quoting import shell_word
-from ...slurm.job import JobPlan
+from ...plan.job import JobPlan
 
 
 def check_lines(plan: JobPlan) -> list[str]:

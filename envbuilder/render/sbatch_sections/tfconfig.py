@@ -26,7 +26,7 @@ cluster.env) is kept, and the job's log says so, unless distributed.tf_config is
 
 from __future__ import annotations
 
-from ...slurm.job import JobPlan
+from ...plan.job import JobPlan
 
 
 def function_lines(plan: JobPlan) -> list[str]:

@@ -10,7 +10,7 @@ before any rank starts. `ENVBUILDER_VET_MIN_NODES` at submit time overrides the 
 from __future__ import annotations
 
 from ...paths import SMOKE_DIR
-from ...slurm.job import JobPlan
+from ...plan.job import JobPlan
 
 TAG = "envbuilder-vet"          # what envbuilder_smoke.vet prints first on its line
 SLOW_FRACTION = 2               # a node computing at less than 1/2 of the best node's rate is left out

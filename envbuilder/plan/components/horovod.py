@@ -10,11 +10,11 @@ rules are compat/rules.py's HVD_* (what cannot be built); here: what the lock mu
 
 from __future__ import annotations
 
-from ..lock.pins import source
-from ..paths import VENV
-from ..plan import Step
-from ..stack import Stack
-from ..versions import satisfies
+from ...lock.pins import source
+from ...paths import VENV
+from ..image import Step
+from ...stack import Stack
+from ...versions import satisfies
 from . import cuda, mpi
 from .base import Component, Layer, LockNeeds
 from .python import locked_pip, pip, pip_env, python_exe
@@ -86,8 +86,8 @@ def cuda_cc_list(stack: Stack) -> str | None:
     """'50,60,70,...' from the catalog's arch list of the PyTorch CUDA wheels (None: unknown)."""
     if stack.spec.framework.family != "pytorch" or not stack.spec.cuda:
         return None
-    from ..compat.finding import context_for
-    from ..compat.rules_gpu import arch_list
+    from ...compat.finding import context_for
+    from ...compat.rules_gpu import arch_list
 
     found = arch_list(stack.spec, context_for(stack.spec, stack.catalog))
     return ",".join(a.replace(".", "") for a in found[0]) if found else None

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 
-from ..plan import Step
-from ..stack import Stack
+from ..image import Step
+from ...stack import Stack
 from .base import Component, Layer, LockNeeds
 from .python import locked_pip, pip, pip_env
 

@@ -15,10 +15,10 @@ tarballs are (components/mpi.py)."""
 
 from __future__ import annotations
 
-from ..lock.pins import source
-from ..plan import Copy, Step
-from ..quoting import shell_word
-from ..stack import Stack
+from ...lock.pins import source
+from ..image import Copy, Step
+from ...quoting import shell_word
+from ...stack import Stack
 from .base import Component, Layer, LockNeeds
 from .cuda import CUDA_HOME
 

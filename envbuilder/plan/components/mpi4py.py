@@ -15,10 +15,10 @@ that the MPI extension links libmpi_abi.so.1 and not the MPICH ABI's libmpi.so.1
 
 from __future__ import annotations
 
-from ..lock.pins import source
-from ..paths import VENV
-from ..plan import Step
-from ..stack import Stack
+from ...lock.pins import source
+from ...paths import VENV
+from ..image import Step
+from ...stack import Stack
 from . import mpi
 from .base import Component, Layer, LockNeeds
 from .python import locked_pip, pip, pip_env, python_exe

@@ -17,12 +17,12 @@ with, are catalog data (``mpi.<flavor>.pypi``, with how it was found out)."""
 
 from __future__ import annotations
 
-from ..lock.pins import source
-from ..paths import VENV
-from ..plan import Copy, Step
-from ..quoting import shell_word
-from ..stack import Stack
-from ..versions import satisfies
+from ...lock.pins import source
+from ...paths import VENV
+from ..image import Copy, Step
+from ...quoting import shell_word
+from ...stack import Stack
+from ...versions import satisfies
 from . import fabric
 from .base import Component, Layer, LockNeeds
 from .python import locked_pip, pip, pip_env

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..plan import Step
-from ..quoting import shell_word
-from ..stack import Stack
+from ..image import Step
+from ...quoting import shell_word
+from ...stack import Stack
 from .base import Component, Layer, LockNeeds
 from .python import locked_pip, pip, pip_env
 

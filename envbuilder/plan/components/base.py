@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
-from ..plan import Copy, Step
-from ..stack import Stack
+from ..image import Copy, Step
+from ...stack import Stack
 
 
 class Layer(Enum):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..lock.pins import apt_file
-from ..plan import Step
-from ..stack import Stack
+from ...lock.pins import apt_file
+from ..image import Step
+from ...stack import Stack
 from .base import Component
 
 

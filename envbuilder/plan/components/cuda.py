@@ -6,10 +6,10 @@ with every header, before the runtime stage copies the venv."""
 
 from __future__ import annotations
 
-from ..plan import Copy, Step
-from ..quoting import shell_word
-from ..stack import Stack
-from ..versions import minor
+from ..image import Copy, Step
+from ...quoting import shell_word
+from ...stack import Stack
+from ...versions import minor
 from .base import Component, Layer, LockNeeds
 from .python import locked_pip, pip, pip_env, python_exe
 
@@ -80,7 +80,7 @@ def locked_cuda_runtime(stack: Stack) -> str | None:
 
 
 def site_packages(stack: Stack) -> str:
-    from ..paths import VENV
+    from ...paths import VENV
 
     return f"{VENV}/lib/python{stack.python}/site-packages"
 
@@ -171,7 +171,7 @@ def cuda_archs(stack: Stack) -> list[str] | None:
     if not known:
         return [cc] if cc else None
     if cc:
-        from ..versions import cmp
+        from ...versions import cmp
 
         return [a for a in known if cmp(a, cc) >= 0] or [cc]
     return known

@@ -5,10 +5,10 @@ says so and stops the build."""
 
 from __future__ import annotations
 
-from ..lock import conda as conda_
-from ..paths import CONDA_PREFIX
-from ..plan import Copy, Step
-from ..stack import Stack
+from ...lock import conda as conda_
+from ...paths import CONDA_PREFIX
+from ..image import Copy, Step
+from ...stack import Stack
 from .base import Component, Layer, LockNeeds
 
 PREFIX = CONDA_PREFIX

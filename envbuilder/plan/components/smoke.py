@@ -3,10 +3,10 @@ what is inside with what was asked for."""
 
 from __future__ import annotations
 
-from ..paths import PREFIX, SMOKE_DIR
-from ..plan import Copy, Step
-from ..spec.presets import describe
-from ..stack import Stack
+from ...paths import PREFIX, SMOKE_DIR
+from ..image import Copy, Step
+from ...spec.presets import describe
+from ...stack import Stack
 from .python import python_exe
 
 MANIFEST = "manifest.json"

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..lock.model import PIP_GROUPS
-from ..plan import Copy, Plan, Stage, Step
-from ..stack import Stack
+from ...lock.model import PIP_GROUPS
+from ..image import Copy, Plan, Stage, Step
+from ...stack import Stack
 from . import conda, cuda, fabric, framework, horovod, mpi, mpi4py, packages, python, smoke, system
 from .base import Layer, LockNeeds
 

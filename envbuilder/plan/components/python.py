@@ -5,10 +5,10 @@ The runtime stage copies the whole venv from the devel stage; that is the Python
 
 from __future__ import annotations
 
-from ..lock.pins import locked_pip_file
-from ..paths import VENV
-from ..plan import Copy, Step
-from ..stack import Stack
+from ...lock.pins import locked_pip_file
+from ...paths import VENV
+from ..image import Copy, Step
+from ...stack import Stack
 from .base import Component, Layer, LockNeeds
 
 # Bootstrap tools, pinned (they work on Python 3.8 - 3.13).

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..components.framework import cpu_env as framework_cpu_env
+from .components.framework import cpu_env as framework_cpu_env
 from ..stack import Stack
 from ..runtimes import runtime as runtime_for
-from . import sweeps
-from .preflight import GpuNeeds, needs as gpu_needs
+from ..slurm import sweeps
+from ..slurm.preflight import GpuNeeds, needs as gpu_needs
 
 # Slurm's pmix plugin offers each task the server's PMIx modules (PMIX_SECURITY_MODE=munge,native and
 # PMIX_GDS_MODULE=ds21,ds12,hash from Slurm 22.05's pmix_v4 here). pyxis hands them to the client in

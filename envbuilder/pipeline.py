@@ -65,6 +65,25 @@ def make_sif_of(folder: Path, image: dict, opts: BuildOptions) -> dict:
     return make_sif(folder, image["tag"], docker=docker_cli(), quiet=opts.quiet)
 
 
+def _with_host_trust(opts: BuildOptions) -> BuildOptions:
+    """Without --ca-bundle: the CA bundle this machine's pip trusts (its PIP_CERT or pip.conf
+    `cert`), handed to the build as --ca-bundle would be, saying so. Else the lock reaches the
+    index through a TLS-intercepting proxy and the build's own pip, which sees none of the host's
+    settings, fails on the proxy's certificate minutes later."""
+    if opts.ca_bundle:
+        return opts
+    from .engines.context import host_pip_ca_bundle
+
+    found = host_pip_ca_bundle()
+    if found is None:
+        return opts
+    bundle, where = found
+    if not opts.quiet:
+        print(f"note: this machine's pip trusts {bundle} ({where}): the build gets it as with --ca-bundle "
+              "(a build secret, never in a layer); give --ca-bundle FILE to hand over another", file=sys.stderr)
+    return replace(opts, ca_bundle=bundle)
+
+
 def _filesystems(paths: list[Path]) -> dict[int, Path]:
     """One existing path per file system (st_dev) among PATHS (or their nearest existing parent)."""
     found: dict[int, Path] = {}
@@ -147,20 +166,21 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
         from .sif.build import require_tools
 
         require_tools()                   # before an hour of build, not after
+    opts = req.opts if req.no_build else _with_host_trust(req.opts)
     steps: list[dict] = []
-    paths = _storage_paths(req.opts, folder)
+    paths = _storage_paths(opts, folder)
     result: dict = {"ok": True, "folder": str(folder)}
     try:
         newly_locked = False
         if not req.no_build:
             with _step(steps, "lock", paths):
-                lock = ensure_locked(req.opts, stack)      # no lock yet: resolved now, written below
+                lock = ensure_locked(opts, stack)      # no lock yet: resolved now, written below
             newly_locked = lock is not stack.lock
             stack = replace(stack, lock=lock)
         out = files_for(stack)
-        written = write_folder(folder, out.files, complete=True, force=req.opts.force)
+        written = write_folder(folder, out.files, complete=True, force=opts.force)
         if newly_locked and path.parent.resolve() != folder.resolve():
-            write_folder(path.parent, {path.name: out.files[LOCK_NAME]}, force=req.opts.force)
+            write_folder(path.parent, {path.name: out.files[LOCK_NAME]}, force=opts.force)
         shown = sorted({str(folder / p.relative_to(folder).parts[0]) for p in written})
         result.update({"files": shown, "findings": [f.as_dict() for f in stack.findings]})
         if on_written is not None:
@@ -169,17 +189,17 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
             return result
         result["steps"] = steps
         with _step(steps, "build", paths):
-            result["image"] = build_image(folder, out, req.opts)
+            result["image"] = build_image(folder, out, opts)
         if sif_now and engine.oci_archive and "oci-archive" not in (result["image"].get("exports") or {}):
             from .engines.buildah import export_image
 
             with _step(steps, "oci-archive", paths):
                 result["image"].setdefault("exports", {})["oci-archive"] = export_image(
-                    req.opts.engine, result["image"]["tag"], "oci-archive", folder)
+                    opts.engine, result["image"]["tag"], "oci-archive", folder)
         if sif_now:
             with _step(steps, "sif", paths):
-                result["sif"] = make_sif_of(folder, result["image"], req.opts)
+                result["sif"] = make_sif_of(folder, result["image"], opts)
     finally:
-        if steps and not req.opts.quiet:
+        if steps and not opts.quiet:
             print_steps(steps)
     return result

@@ -68,3 +68,62 @@ def test_build_command_line_carries_the_secret_not_the_file(tmp_path):
     cmd = docker_build_command(["/usr/bin/docker", "build"], tmp_path / "ctx", "t:1", str(ca))
     assert cmd == ["/usr/bin/docker", "build", "--progress=plain", "--tag", "t:1",
                    "--secret", f"id=ca,src={ca}", str(tmp_path / "ctx")]
+
+
+# --- a CA the host's pip trusts and the build's would not ------------------------------------------
+
+def test_the_ca_bundle_the_hosts_pip_trusts_goes_to_the_build_saying_so(cli, tmp_path):
+    """The README's first command on a machine behind a TLS-intercepting proxy: the host's pip trusts
+    the proxy's CA (PIP_CERT or pip.conf `cert`), so the lock reaches the index; the build's pip sees
+    none of that. The build gets the bundle as --ca-bundle would give it, and says so first."""
+    bundle = tmp_path / "proxy-ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+    dead = {"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock", "PIP_CERT": str(bundle)}
+    r = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "a"), env=dead)
+    assert r.code == 1 and "Traceback" not in r.err, r.err
+    assert f"note: this machine's pip trusts {bundle} (PIP_CERT): the build gets it as with --ca-bundle" in r.err
+    given = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "b"),
+                "--ca-bundle", "/etc/ssl/certs/ca-certificates.crt", env=dead)
+    assert given.code == 1 and "this machine's pip trusts" not in given.err, given.err
+    files_only = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "c"), "--no-build", env=dead)
+    assert files_only.code == 0 and "this machine's pip trusts" not in files_only.err
+
+
+def test_pips_own_configuration_files_are_read_in_pips_order(tmp_path):
+    from envbuilder.engines.context import host_pip_ca_bundle
+
+    home, venv = tmp_path / "home", tmp_path / "venv"
+    (home / ".config" / "pip").mkdir(parents=True)
+    venv.mkdir()
+    user_ca, venv_ca = tmp_path / "user.pem", tmp_path / "venv.pem"
+    user_ca.write_text("x")
+    venv_ca.write_text("x")
+    env = {"HOME": str(home), "XDG_CONFIG_DIRS": str(tmp_path / "none")}
+    assert host_pip_ca_bundle(env) in (None, ("/etc/ssl/certs/ca-certificates.crt", "/etc/pip.conf [global] cert"))
+    (home / ".config" / "pip" / "pip.conf").write_text(f"[install]\ncert = {user_ca}\n")
+    assert host_pip_ca_bundle(env) == (str(user_ca), f"{home}/.config/pip/pip.conf [install] cert")
+    (venv / "pip.conf").write_text(f"[global]\ncert = {venv_ca}\n")
+    assert host_pip_ca_bundle({**env, "VIRTUAL_ENV": str(venv)})[0] == str(venv_ca)       # the later file wins
+    (venv / "pip.conf").write_text(f"[global]\ncert = {tmp_path}/gone.pem\n")
+    assert host_pip_ca_bundle({**env, "VIRTUAL_ENV": str(venv)}) is None                # a bundle that is not there
+    assert host_pip_ca_bundle({**env, "PIP_CERT": str(user_ca), "VIRTUAL_ENV": str(venv)})[1] == "PIP_CERT"
+    (home / ".config" / "pip" / "pip.conf").write_text("[global\ncert = broken")
+    assert host_pip_ca_bundle(env) in (None, ("/etc/ssl/certs/ca-certificates.crt", "/etc/pip.conf [global] cert"))
+
+
+# what pip 23 prints in a build behind a proxy whose CA it does not trust (the README's first command,
+# before the CA was handed over)
+PIP_TLS_LOG = [
+    "#12 3.104 WARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after "
+    "connection broken by 'SSLError(SSLCertVerificationError(1, '[SSL: CERTIFICATE_VERIFY_FAILED] certificate "
+    "verify failed: self-signed certificate in certificate chain (_ssl.c:992)'))': /simple/numpy/",
+    "#12 9.871 ERROR: Could not find a version that satisfies the requirement numpy==1.26.4",
+]
+
+
+def test_a_certificate_failure_in_a_build_is_named_with_its_fix():
+    from envbuilder.engines.buildlog import certificate_failure
+
+    assert "give --ca-bundle FILE with that CA" in certificate_failure(PIP_TLS_LOG, None)
+    assert "the CA bundle handed to it (/x.pem) does not hold the CA" in certificate_failure(PIP_TLS_LOG, "/x.pem")
+    assert certificate_failure(PIP_TLS_LOG[1:], None) is None

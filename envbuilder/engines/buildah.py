@@ -231,15 +231,16 @@ def _build_once(engine: OciEngine, context: Path, tag: str, opts: BuildOptions, 
     code, lines = _run_build(cmd, log, opts.quiet, env)
     seconds = time.monotonic() - started
     if code != 0:
-        from .buildlog import explain_build_failure
+        from .buildlog import certificate_failure, explain_build_failure
 
         full = any("no space left on device" in l.lower() for l in lines[-40:])
         why = explain_build_failure(lines, stack.lock)
+        tls = certificate_failure(lines, opts.ca_bundle)
         reason = f"step failed: {_failed_step(lines)}"
         if full:
             reason += f"\n  {engine.name} storage is full ({engine.graph_root()})"
-        raise CheckFailed(f"{engine.name} build", reason + (f"\n  lock: {why}" if why else ""),
-                          f"the full log is {log.name}")
+        raise CheckFailed(f"{engine.name} build", reason + (f"\n  lock: {why}" if why else "")
+                          + (f"\n  tls: {tls}" if tls else ""), f"the full log is {log.name}")
     info = engine.describe(tag)
     info["build_seconds"] = round(seconds, 1)
     return info

@@ -1,8 +1,26 @@
-"""Reading a failed build's log: which lock entry a hash or version failure is about."""
+"""Reading a failed build's log: which lock entry a hash or version failure is about, and a TLS
+certificate the build's pip did not trust."""
 
 from __future__ import annotations
 
 import re
+
+
+CERTIFICATE_FAILURE = re.compile(r"CERTIFICATE_VERIFY_FAILED|certificate verify failed|SSLCertVerificationError")
+
+
+def certificate_failure(log_lines: list[str], ca_bundle: str | None) -> str | None:
+    """A build whose pip (or download) did not trust an index's TLS certificate: what to do."""
+    if not any(CERTIFICATE_FAILURE.search(line) for line in log_lines):
+        return None
+    if ca_bundle:
+        return (f"the build's pip did not trust the index's TLS certificate, and the CA bundle handed to "
+                f"it ({ca_bundle}) does not hold the CA that signed it: give --ca-bundle the bundle that "
+                "holds your proxy's or index's CA")
+    return ("the build's pip did not trust the index's TLS certificate (a TLS-intercepting proxy, or an "
+            "index with a CA of its own): give --ca-bundle FILE with that CA (e.g. "
+            "/etc/ssl/certs/ca-certificates.crt where this machine trusts it); it reaches the build as a "
+            "secret, never a layer")
 
 
 def explain_build_failure(log_lines: list[str], lock) -> str | None:

@@ -6,9 +6,11 @@ CA bundle never lands anywhere but a BuildKit secret.
 
 from __future__ import annotations
 
+import configparser
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import EnvbuilderError
@@ -21,6 +23,44 @@ def check_inputs(ca_bundle: str | None, wheelhouse: str | None) -> None:
     if wheelhouse and not Path(wheelhouse).is_dir():
         raise EnvbuilderError("--wheelhouse", f"no such folder: {wheelhouse}",
                               "give a folder that holds .whl files")
+
+
+def pip_config_files(env: Mapping[str, str]) -> list[Path]:
+    """pip's configuration files, in the order pip reads them (a later one wins): global, user,
+    site (the active virtual environment), then PIP_CONFIG_FILE (pip's docs, "Configuration")."""
+    home = Path(env.get("HOME") or Path.home())
+    dirs = [d for d in (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":") if d]
+    files = [Path(d) / "pip" / "pip.conf" for d in reversed(dirs)] + [Path("/etc/pip.conf")]
+    files += [home / ".pip" / "pip.conf", Path(env.get("XDG_CONFIG_HOME") or home / ".config") / "pip" / "pip.conf"]
+    if env.get("VIRTUAL_ENV"):
+        files.append(Path(env["VIRTUAL_ENV"]) / "pip.conf")
+    if env.get("PIP_CONFIG_FILE") and env["PIP_CONFIG_FILE"] != os.devnull:
+        files.append(Path(env["PIP_CONFIG_FILE"]))
+    return files
+
+
+def host_pip_ca_bundle(env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """The CA bundle this machine's pip trusts beyond its own (PIP_CERT, or `cert` in a pip
+    configuration file's [global] or [install] section) and where that is set; None when pip
+    trusts only its own bundle. A build does not see the host's pip settings: without the bundle
+    its pip fails behind the same TLS-intercepting proxy that the host's pip passes."""
+    env = os.environ if env is None else env
+    if env.get("PIP_CERT"):
+        found = (env["PIP_CERT"], "PIP_CERT")
+    else:
+        found = None
+        for path in pip_config_files(env):
+            parser = configparser.ConfigParser(interpolation=None)
+            try:
+                parser.read(path, encoding="utf-8")
+            except (configparser.Error, OSError, UnicodeDecodeError):
+                continue        # pip itself reports a broken file; it trusts no bundle from it
+            for section in ("global", "install"):
+                if parser.has_option(section, "cert"):
+                    found = (parser.get(section, "cert").strip(), f"{path} [{section}] cert")
+    if found and found[0] and Path(found[0]).is_file():
+        return found
+    return None
 
 
 def stage_context(folder: Path, files: dict[str, bytes], wheelhouse: str | None) -> Path:

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import CheckFailed, EnvbuilderError
 from ..output import write_atomic
 from ..render.manifest import image_tag
-from .buildlog import explain_build_failure
+from .buildlog import certificate_failure, explain_build_failure
 from .context import check_inputs, platform_of, stage_context
 from .options import BuildOptions
 
@@ -173,8 +173,9 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     seconds = time.monotonic() - started
     if code != 0:
         why = explain_build_failure(lines, output.stack.lock)
-        raise CheckFailed("docker build", f"step failed: {_failed_step(lines)}" + (f"\n  lock: {why}" if why else ""),
-                          f"the full log is {log_path}")
+        tls = certificate_failure(lines, opts.ca_bundle)
+        raise CheckFailed("docker build", f"step failed: {_failed_step(lines)}" + (f"\n  lock: {why}" if why else "")
+                          + (f"\n  tls: {tls}" if tls else ""), f"the full log is {log_path}")
     image = client.images.get(tag)
     info = {"engine": "docker", "tag": tag, "id": image.id, "size_bytes": image.attrs.get("Size"),
             "build_seconds": round(seconds, 1), "log": str(log_path)}

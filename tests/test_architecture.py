@@ -168,17 +168,13 @@ def test_only_the_pipeline_knows_the_build_order():
     assert imported <= {"build_options", "BuildRequest", "build"}, imported
 
 
-def test_runtime_names_are_dispatched_only_in_the_registry():
-    """A runtime is one class in envbuilder/runtimes/, created by name there: no other module
-    compares a runtime variable with a runtime's name (`rt.name == "host"`, `runtime in
-    ("docker", ...)`); it asks the runtime's class instead."""
-    from envbuilder.runtimes import REGISTRY
-
-    names = set(REGISTRY)
+def _name_comparisons(names: set[str], word: str, allowed: tuple[str, ...]) -> list[str]:
+    """Where a module outside ALLOWED compares something called *WORD* (a variable, an attribute)
+    with one of NAMES."""
     bad = []
     for path in sorted(PKG.rglob("*.py")):
         module, _ = _module_name(path)
-        if module.startswith(("envbuilder.runtimes", "envbuilder.smoke", "envbuilder.engines")):
+        if module.startswith(allowed):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.Compare):
@@ -186,10 +182,20 @@ def test_runtime_names_are_dispatched_only_in_the_registry():
             sides = [node.left, *node.comparators]
             consts = {c.value for side in sides for c in ast.walk(side)
                       if isinstance(c, ast.Constant) and isinstance(c.value, str)}
-            about_runtime = any("runtime" in (getattr(n, "id", "") or getattr(n, "attr", ""))
-                                for side in sides for n in ast.walk(side))
-            if about_runtime and consts & names:
-                bad.append(f"{module}:{node.lineno} compares a runtime with {sorted(consts & names)}")
+            about = any(word in (getattr(n, "id", "") or getattr(n, "attr", ""))
+                        for side in sides for n in ast.walk(side))
+            if about and consts & names:
+                bad.append(f"{module}:{node.lineno} compares its {word} with {sorted(consts & names)}")
+    return bad
+
+
+def test_runtime_names_are_dispatched_only_in_the_registry():
+    """A runtime is one class in envbuilder/runtimes/, created by name there: no other module
+    compares a runtime variable with a runtime's name (`rt.name == "host"`, `runtime in
+    ("docker", ...)`); it asks the runtime's class instead."""
+    from envbuilder.runtimes import REGISTRY
+
+    bad = _name_comparisons(set(REGISTRY), "runtime", ("envbuilder.runtimes", "envbuilder.smoke", "envbuilder.engines"))
     assert not bad, "\n".join(bad)
 
 
@@ -200,22 +206,7 @@ def test_engine_names_are_dispatched_only_in_the_registry():
     asks the entry's capability instead."""
     from envbuilder.engines import ENGINES
 
-    names = set(ENGINES)
-    bad = []
-    for path in sorted(PKG.rglob("*.py")):
-        module, _ = _module_name(path)
-        if module.startswith(("envbuilder.engines", "envbuilder.smoke")):
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not isinstance(node, ast.Compare):
-                continue
-            sides = [node.left, *node.comparators]
-            consts = {c.value for side in sides for c in ast.walk(side)
-                      if isinstance(c, ast.Constant) and isinstance(c.value, str)}
-            about_engine = any("engine" in (getattr(n, "id", "") or getattr(n, "attr", ""))
-                               for side in sides for n in ast.walk(side))
-            if about_engine and consts & names:
-                bad.append(f"{module}:{node.lineno} compares an engine with {sorted(consts & names)}")
+    bad = _name_comparisons(set(ENGINES), "engine", ("envbuilder.engines", "envbuilder.smoke"))
     assert not bad, "\n".join(bad)
 
 

@@ -291,6 +291,18 @@ def _example(f: Field):
             "list": "[a, b]", "object": "{key: value}", "map": "{NAME: value}"}[f.kind]
 
 
+def _is_container(path: str, f: Field, value, kind: type, doc, errors: list, source) -> bool:
+    """VALUE is a KIND (list, dict) of at most MAX_ITEMS entries; else one error is added."""
+    if not isinstance(value, kind):
+        errors.append(_type_error(path, f, value, doc, source))
+        return False
+    if len(value) > MAX_ITEMS:
+        errors.append(EnvbuilderError(path, f"has {len(value)} entries", f"keep it under {MAX_ITEMS}",
+                                      line=doc.line_of(path), source=source))
+        return False
+    return True
+
+
 def _check(path: str, f: Field, value, doc, errors: list, source):
     if value is None:
         if f.required:
@@ -348,12 +360,7 @@ def _check(path: str, f: Field, value, doc, errors: list, source):
             return None
         return value
     if f.kind == "list":
-        if not isinstance(value, list):
-            errors.append(_type_error(path, f, value, doc, source))
-            return None
-        if len(value) > MAX_ITEMS:
-            errors.append(EnvbuilderError(path, f"has {len(value)} entries", f"keep it under {MAX_ITEMS}",
-                                          line=doc.line_of(path), source=source))
+        if not _is_container(path, f, value, list, doc, errors, source):
             return None
         out = []
         for n, item in enumerate(value):
@@ -365,12 +372,7 @@ def _check(path: str, f: Field, value, doc, errors: list, source):
             out.append(_check(f"{path}[{n}]", f.items, item, doc, errors, source))
         return out
     if f.kind == "map":
-        if not isinstance(value, dict):
-            errors.append(_type_error(path, f, value, doc, source))
-            return None
-        if len(value) > MAX_ITEMS:
-            errors.append(EnvbuilderError(path, f"has {len(value)} entries", f"keep it under {MAX_ITEMS}",
-                                          line=doc.line_of(path), source=source))
+        if not _is_container(path, f, value, dict, doc, errors, source):
             return None
         out = {}
         for k, item in value.items():

@@ -65,6 +65,17 @@ def make_sif_of(folder: Path, image: dict, opts: BuildOptions) -> dict:
     return make_sif(folder, image["tag"], docker=docker_cli(), quiet=opts.quiet)
 
 
+def _fill_wheelhouse(folder: Path, opts: BuildOptions) -> None:
+    """--no-build with --wheelhouse: the folder's wheelhouse/ gets the local wheels, so that the
+    build line its recipes' headers print finds them (a build stages them in a context of its own
+    instead, and the output folder keeps none)."""
+    from .engines.context import link_wheels
+
+    added = link_wheels(Path(opts.wheelhouse or ""), folder / "wheelhouse")
+    if added and not opts.quiet:
+        print(f"  {folder}/wheelhouse/: {len(added)} local wheel(s) from {opts.wheelhouse}", file=sys.stderr)
+
+
 def _with_host_trust(opts: BuildOptions) -> BuildOptions:
     """Without --ca-bundle: the CA bundle this machine's pip trusts (its PIP_CERT or pip.conf
     `cert`), handed to the build as --ca-bundle would be, saying so. Else the lock reaches the
@@ -154,6 +165,10 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
 
     spec = apply_job_options(load_spec(req.spec), site=req.site, runtime=req.runtime, sweep=list(req.sweep))
     _check_sif_request(req)
+    if req.opts.wheelhouse:
+        from .engines.context import check_inputs
+
+        check_inputs(None, req.opts.wheelhouse)          # before anything is written
     folder = Path(req.out) if req.out else Path("images") / spec.name
     check_output_folder(folder, "--out")
     path = lock_path(spec, req.lock, req.out)
@@ -186,6 +201,8 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
         if on_written is not None:
             on_written(folder, shown, stack.findings)
         if req.no_build:
+            if opts.wheelhouse:
+                _fill_wheelhouse(folder, opts)
             return result
         result["steps"] = steps
         with _step(steps, "build", paths):

@@ -4,6 +4,7 @@ bad --ca-bundle / --wheelhouse. One message, the right exit code, earlier output
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 from conftest import RECIPES
 
@@ -127,3 +128,25 @@ def test_a_certificate_failure_in_a_build_is_named_with_its_fix():
     assert "give --ca-bundle FILE with that CA" in certificate_failure(PIP_TLS_LOG, None)
     assert "the CA bundle handed to it (/x.pem) does not hold the CA" in certificate_failure(PIP_TLS_LOG, "/x.pem")
     assert certificate_failure(PIP_TLS_LOG[1:], None) is None
+
+
+def test_no_build_with_a_wheelhouse_leaves_the_wheels_where_the_header_says(cli, tmp_path):
+    """The headers say local wheels go in ./wheelhouse/, and their build line builds the folder as it
+    is: --no-build --wheelhouse W puts W's wheels there (the CPU torch wheel the lock pins), keeps
+    a wheel the folder already has, and refuses a wheelhouse that is not there before writing."""
+    from infra import TORCH_WHEEL, wheelhouse
+
+    source = wheelhouse()
+    out = tmp_path / "out"
+    (out / "wheelhouse").mkdir(parents=True)
+    (out / "wheelhouse" / "mine-1.0-py3-none-any.whl").write_bytes(b"the user's")
+    r = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out), "--no-build", "--wheelhouse", source)
+    assert r.code == 0, r.err
+    got = out / "wheelhouse" / TORCH_WHEEL
+    assert got.is_file() and got.stat().st_size == (Path(source) / TORCH_WHEEL).stat().st_size
+    assert (out / "wheelhouse" / "mine-1.0-py3-none-any.whl").read_bytes() == b"the user's"
+    assert f"{out}/wheelhouse/: " in r.err and f"local wheel(s) from {source}" in r.err
+    assert "--mount=type=bind,source=wheelhouse,target=/wheelhouse" in (out / "Dockerfile").read_text()
+    bad = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "new"), "--no-build",
+              "--wheelhouse", str(tmp_path / "missing"))
+    assert bad.code == 2 and "--wheelhouse: no such folder" in bad.err and not (tmp_path / "new").exists()

@@ -72,13 +72,26 @@ def stage_context(folder: Path, files: dict[str, bytes], wheelhouse: str | None)
     wh = root / "wheelhouse"
     wh.mkdir(exist_ok=True)
     if wheelhouse:
-        for wheel in sorted(Path(wheelhouse).iterdir()):
-            if wheel.is_file() and wheel.suffix in (".whl", ".gz", ".zip"):
-                try:
-                    os.link(wheel, wh / wheel.name)
-                except OSError:
-                    shutil.copy2(wheel, wh / wheel.name)
+        link_wheels(Path(wheelhouse), wh)
     return root
+
+
+def link_wheels(wheelhouse: Path, dest: Path) -> list[str]:
+    """The wheelhouse's wheels and source archives into DEST (hard links where the file system
+    allows, else copies; links inside the wheelhouse are not followed), leaving a file DEST already
+    has; returns the names added."""
+    added = []
+    for wheel in sorted(wheelhouse.iterdir()):
+        target = dest / wheel.name
+        if wheel.is_symlink() or not wheel.is_file() or wheel.suffix not in (".whl", ".gz", ".zip") \
+                or target.exists() or target.is_symlink():
+            continue
+        try:
+            os.link(wheel, target)
+        except OSError:
+            shutil.copy2(wheel, target)
+        added.append(wheel.name)
+    return added
 
 
 def platform_of(stack) -> str | None:

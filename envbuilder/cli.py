@@ -222,14 +222,14 @@ def _defexec_args(p):
 @command("presets", "list the known-good stacks (recipes/) with their full version sets")
 def cmd_presets(args) -> int:
     from .spec.presets import describe, load_presets
-    from .render.manifest import expected
+    from .plan.components import expect
     from .stack import resolve
 
     rows = []
     for path, spec in load_presets():
         stack = resolve(spec)
         rows.append({"name": spec.name, "recipe": f"recipes/{path.name}", "summary": describe(spec),
-                     "base": stack.base, "versions": expected(stack)})
+                     "base": stack.base, "versions": expect(stack)})
     if args.json:
         _print_json(rows)
         return 0

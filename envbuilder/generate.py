@@ -86,7 +86,7 @@ def files_for(stack: Stack) -> Output:
         recipes.update(pins_files(lock))
     smoke = smoke_files()
     files = dict(recipes)
-    files["manifest.json"] = render_manifest(stack, recipes, _tree_sha(smoke)).encode()
+    files["manifest.json"] = render_manifest(stack, plan, recipes, _tree_sha(smoke)).encode()
     files.update(smoke)
     files["wheelhouse/README.md"] = WHEELHOUSE_README.encode()
     return Output(stack, files)

@@ -86,7 +86,7 @@ def test_build_of_a_gpu_preset_with_a_cpu_wheelhouse_stops_at_the_lock_before_th
 ])
 def test_the_manifest_expects_the_cuda_runtime_the_lock_installs(preset, runtime_wheel, built, expected):
     from envbuilder.lock.model import Lock
-    from envbuilder.render.manifest import expected as manifest_expect
+    from envbuilder.plan.components import expect as manifest_expect
     from envbuilder.stack import resolve
     from envbuilder.spec.model import load_spec
 

@@ -54,6 +54,9 @@ class Plan:
                                            # spec's): no $ expansion in Docker or Apptainer
     env_notes: dict[str, str] = field(default_factory=dict)   # why a variable is set: a comment
                                                                # above ENV / in %environment
+    expect: dict = field(default_factory=dict)      # what the image promises (manifest.json's
+                                                    # expect, the smoke suite checks it)
+    horovod_patches: tuple[str, ...] = ()           # the catalog's source fixes applied to Horovod
 
     @property
     def final(self) -> Stage:

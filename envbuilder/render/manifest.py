@@ -1,4 +1,5 @@
-"""Stack + rendered files -> manifest.json (also copied into the image for `verify`)."""
+"""Stack + image plan + rendered files -> manifest.json (also copied into the image for `verify`):
+what the image promises (``expect``) and how it was built come from the plan."""
 
 from __future__ import annotations
 
@@ -6,8 +7,7 @@ import hashlib
 import json
 
 from .. import __version__
-from ..plan.components import COMPONENTS
-from ..plan.components.horovod import patches
+from ..plan.image import Plan
 from ..stack import Stack
 
 
@@ -15,19 +15,7 @@ def image_tag(stack: Stack) -> str:
     return f"envbuilder/{stack.spec.name}:{stack.spec.sha256()[:12]}"
 
 
-# manifest.json's expect keys in the order manifests have always had them (older manifests stay
-# byte for byte); a component's new key needs its place here.
-EXPECT_KEYS = ("python", "framework", "horovod", "mpi", "cuda", "cudnn", "nccl", "gpu", "packages", "cuda_source",
-               "cuda_arch", "cuda_runtime", "cpu_env", "distributed", "apt", "conda")
-
-
-def expected(stack: Stack) -> dict:
-    """What the image promises (the smoke suite checks it): every component's part."""
-    out = {key: value for part in COMPONENTS for key, value in part.expect(stack).items()}
-    return dict(sorted(out.items(), key=lambda item: EXPECT_KEYS.index(item[0])))
-
-
-def render_manifest(stack: Stack, files: dict[str, bytes], smoke_sha: str) -> str:
+def render_manifest(stack: Stack, plan: Plan, files: dict[str, bytes], smoke_sha: str) -> str:
     spec = stack.spec
     doc = {
         "schema": "envbuilder.manifest/1",
@@ -37,10 +25,10 @@ def render_manifest(stack: Stack, files: dict[str, bytes], smoke_sha: str) -> st
         "image": {"tag": image_tag(stack), "base": stack.base, "runtime_base": stack.runtime_base,
                   "os": stack.os_name,
                   **({"arch": spec.target_arch} if spec.target_arch != "x86_64" else {})},
-        "expect": expected(stack),
+        "expect": plan.expect,
         "build": {
             "mpi_source": stack.mpi_source,
-            "horovod_patches": [name for name, _ in patches(stack)],
+            "horovod_patches": list(plan.horovod_patches),
             "framework_index_url": stack.framework_index_url,
             # the base's pip constraint file every pip step installed under (NGC PyTorch >= 25.03)
             **({"pip_constraint": stack.pip_constraint} if stack.pip_constraint else {}),

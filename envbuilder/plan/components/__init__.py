@@ -64,7 +64,20 @@ def assemble(stack: Stack) -> Plan:
     notes = {k: why for k, why in notes.items() if k in env and k not in dict(spec.env)}
     return Plan(name=spec.name, stages=stages, env=env, labels=smoke.labels(stack),
                 help=smoke.help_text(stack), runscript=["python"], test=smoke.test_command(stack),
-                literal_env=frozenset(k for k, _ in spec.env), env_notes=notes)
+                literal_env=frozenset(k for k, _ in spec.env), env_notes=notes, expect=expect(stack),
+                horovod_patches=tuple(name for name, _ in horovod.patches(stack)))
+
+
+# manifest.json's expect keys in the order manifests have always had them (older manifests stay
+# byte for byte); a component's new key needs its place here.
+EXPECT_KEYS = ("python", "framework", "horovod", "mpi", "cuda", "cudnn", "nccl", "gpu", "packages", "cuda_source",
+               "cuda_arch", "cuda_runtime", "cpu_env", "distributed", "apt", "conda")
+
+
+def expect(stack: Stack) -> dict:
+    """What the image promises (the smoke suite checks it): every component's part."""
+    out = {key: value for part in COMPONENTS for key, value in part.expect(stack).items()}
+    return dict(sorted(out.items(), key=lambda item: EXPECT_KEYS.index(item[0])))
 
 
 def _layered(copies: list[Copy]) -> list[Copy]:

@@ -102,7 +102,7 @@ WORKER_GROUPS = {
     "cpu-torch": ("test_build_verify", "test_sif", "test_slurm_jobs", "test_defexec_presets"),
 }
 LONGEST_FIRST = ("test_intel_tf", "cluster", "cpu-torch", "test_buildah_engine", "test_login_node",
-                 "test_distributed_tf", "test_lock_build", "test_smoke_suite", "test_lock")
+                 "test_distributed_tf", "test_apptainer", "test_lock_build", "test_smoke_suite", "test_lock")
 
 
 def worker_group(module: str) -> str:

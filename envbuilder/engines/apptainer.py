@@ -14,6 +14,7 @@ import pwd
 import shlex
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from ..errors import CheckFailed, EnvbuilderError
@@ -92,6 +93,7 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     if uid != 0:
         check_unprivileged(uid, pwd.getpwuid(uid).pw_name)
     log_path = folder / LOG_NAME
+    started = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
         log.write(f"$ {_shown(folder, cmd)}\n")
         log.flush()
@@ -100,4 +102,8 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
         raise CheckFailed("apptainer build", f"`{_shown(folder, cmd)}` failed (exit {code}); its last lines:\n    "
                           + _last_lines(log_path), f"the full log is {log_path}")
     sif = folder / cmd[-2]
-    return {"engine": "apptainer", "sif": str(sif), "size_bytes": sif.stat().st_size, "log": str(log_path)}
+    size, seconds = sif.stat().st_size, time.monotonic() - started
+    if not opts.quiet:
+        print(f"built {sif} ({size / 1e6:.0f} MB) in {seconds:.0f} s (%test: the smoke suite passed); log {log_path}")
+    return {"engine": "apptainer", "sif": str(sif), "size_bytes": size, "build_seconds": round(seconds, 1),
+            "log": str(log_path)}

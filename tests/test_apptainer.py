@@ -1,0 +1,109 @@
+"""The definition file built by the real Apptainer (1.4.5, .ci/install-apptainer.sh), as a user
+builds it: unprivileged (the user `builder` of tools/apptainer-node, with --fakeroot), the local
+base read from the Docker engine (Bootstrap: docker-daemon), the CPU torch wheel bound from a
+wheelhouse and the network's CA bundle bound for %post, as the file's header says.
+
+cpu-torch-ddp (the cheapest preset with a framework: no compile): locked here with Docker, then
+`envbuilder build --engine apptainer` in the Apptainer container: its %test runs the smoke suite,
+`envbuilder verify x.sif --runtime apptainer --ranks 2` passes, and `apptainer inspect` shows the
+spec's labels. A missing image of .ci/install-apptainer.sh skips (fails in CI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, run_envbuilder
+from infra import APPTAINER_NODE, base_image, require_apptainer_node, wheelhouse
+
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+BUILDER_UID = 1000          # the user of .ci/install-apptainer.sh's image
+
+
+def in_apptainer_node(mounts: list[str], *command: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    argv = [str(APPTAINER_NODE)]
+    for m in mounts:
+        argv += ["-v", m]
+    return subprocess.run([*argv, "--", *command], capture_output=True, text=True, timeout=timeout)
+
+
+def chown_tree(path: Path, uid: int) -> None:
+    for root, dirs, files in os.walk(path):
+        for name in [root, *(os.path.join(root, d) for d in dirs), *(os.path.join(root, f) for f in files)]:
+            os.lchown(name, uid, uid)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    require_apptainer_node()
+    base_image()
+    work = tmp_path_factory.mktemp("apptainer")
+    out = work / "cpu-torch-ddp"
+    wheels = wheelhouse()
+    r = run_envbuilder("lock", str(RECIPES / "cpu-torch-ddp.yaml"), "--out", str(out), "--wheelhouse", wheels,
+                       "--ca-bundle", CA_BUNDLE, timeout=900)
+    assert r.code == 0, r.err[-2000:]
+    chown_tree(work, BUILDER_UID)           # the folder is the unprivileged user's, as on a cluster
+    t0 = time.time()
+    b = in_apptainer_node([str(work), wheels], "python", "-m", "envbuilder", "build",
+                          str(RECIPES / "cpu-torch-ddp.yaml"), "--out", str(out), "--engine", "apptainer",
+                          "--wheelhouse", wheels, "--ca-bundle", CA_BUNDLE, timeout=1800)
+    build_s = time.time() - t0
+    yield work, out, b, build_s
+    print(f"\ncpu-torch-ddp: apptainer build (unprivileged, --fakeroot) {build_s:.0f} s")
+
+
+def test_apptainer_builds_the_definition_file_as_its_header_says(built):
+    work, out, b, _ = built
+    assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
+    assert "Traceback" not in b.stderr
+    sif = out / "cpu-torch-ddp.sif"
+    assert f"built {sif} (" in b.stdout and "(%test: the smoke suite passed)" in b.stdout
+    log = (out / "apptainer-build.log").read_text()
+    # the header's command line, unprivileged: --fakeroot, the wheelhouse and the CA bound read-only
+    first = log.splitlines()[0]
+    assert first.startswith(f"$ cd {out} && /") and first.endswith(
+        f"/apptainer build --force --fakeroot --bind {Path(wheelhouse()).resolve()}:/wheelhouse:ro "
+        f"--bind {CA_BUNDLE}:/run/secrets/ca:ro cpu-torch-ddp.sif Apptainer.def"), first
+    assert "Running setup scriptlet" in log and "doesn't exist in container" not in log
+    # %test ran the smoke suite (one rank) inside the new image
+    assert "Running testscript" in log and "16 passed, 0 failed" in log
+    assert "Build complete: cpu-torch-ddp.sif" in log
+
+
+def test_the_sif_passes_verify_with_two_ranks_under_apptainer(built):
+    work, out, b, _ = built
+    assert b.returncode == 0, b.stderr[-2000:]
+    sif = out / "cpu-torch-ddp.sif"
+    v = in_apptainer_node([str(work)], "python", "-m", "envbuilder", "verify", str(out), "--image", str(sif),
+                          "--runtime", "apptainer", "--ranks", "2", "--json")
+    assert v.returncode == 0, v.stdout[-3000:] + v.stderr[-3000:]
+    report = json.loads(v.stdout)
+    assert report["ok"] is True and report["summary"] == {"pass": 16, "fail": 0, "skip": 5}, report["summary"]
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["dist.init[torch]"]["status"] == "pass" and checks["dist.init[torch]"]["figure"] == "2 ranks, gloo"
+    assert checks["train.ddp[torch]"]["status"] == "pass"
+
+
+def test_apptainer_inspect_shows_the_specs_labels_and_no_secret(built):
+    work, out, b, _ = built
+    assert b.returncode == 0, b.stderr[-2000:]
+    sif = out / "cpu-torch-ddp.sif"
+    i = in_apptainer_node([str(work)], "apptainer", "inspect", "--labels", "--json", str(sif))
+    assert i.returncode == 0, i.stderr
+    labels = json.loads(i.stdout)["data"]["attributes"]["labels"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert labels["org.opencontainers.image.title"] == "cpu-torch-ddp"
+    assert labels["dev.envbuilder.spec-sha256"] == manifest["spec_sha256"]
+    assert labels["org.label-schema.usage.apptainer.version"].startswith("1.4")
+    assert labels["org.label-schema.usage.singularity.deffile.bootstrap"] == "docker-daemon"
+    # the bind points stay, empty: the CA bundle and the wheels were bound, never copied in
+    e = in_apptainer_node([str(work)], "apptainer", "exec", str(sif), "sh", "-c",
+                          "test ! -s /run/secrets/ca && test ! -s /run/secrets/netrc && ls -A /wheelhouse | wc -l")
+    assert e.returncode == 0 and e.stdout.strip() == "0", e.stdout + e.stderr
+

@@ -6,12 +6,16 @@ wheelhouse and the network's CA bundle bound for %post, as the file's header say
 cpu-torch-ddp (the cheapest preset with a framework: no compile): locked here with Docker, then
 `envbuilder build --engine apptainer` in the Apptainer container: its %test runs the smoke suite,
 `envbuilder verify x.sif --runtime apptainer --ranks 2` passes, and `apptainer inspect` shows the
-spec's labels. A missing image of .ci/install-apptainer.sh skips (fails in CI)."""
+spec's labels. envbuilder's own .sif of the same lock (the Dockerfile's image, written without
+Apptainer: `build --sif`) runs the smoke suite under the same Apptainer with 2 ranks, and what
+`apptainer inspect` shows of the two (labels, environment, runscript) is compared, every difference
+printed. A missing image of .ci/install-apptainer.sh skips (fails in CI)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -19,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import APPTAINER_NODE, base_image, require_apptainer_node, wheelhouse
+from infra import APPTAINER_NODE, base_image, keep_for_run, require_apptainer_node, wheelhouse
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 BUILDER_UID = 1000          # the user of .ci/install-apptainer.sh's image
@@ -48,18 +52,21 @@ def built(tmp_path_factory):
     r = run_envbuilder("lock", str(RECIPES / "cpu-torch-ddp.yaml"), "--out", str(out), "--wheelhouse", wheels,
                        "--ca-bundle", CA_BUNDLE, timeout=900)
     assert r.code == 0, r.err[-2000:]
+    own = work / "own" / "cpu-torch-ddp"     # the same lock, for the Dockerfile's image and envbuilder's .sif
+    own.mkdir(parents=True)
+    shutil.copy(out / "envbuilder.lock", own / "envbuilder.lock")
     chown_tree(work, BUILDER_UID)           # the folder is the unprivileged user's, as on a cluster
     t0 = time.time()
     b = in_apptainer_node([str(work), wheels], "python", "-m", "envbuilder", "build",
                           str(RECIPES / "cpu-torch-ddp.yaml"), "--out", str(out), "--engine", "apptainer",
                           "--wheelhouse", wheels, "--ca-bundle", CA_BUNDLE, timeout=1800)
     build_s = time.time() - t0
-    yield work, out, b, build_s
+    yield work, out, b, build_s, own
     print(f"\ncpu-torch-ddp: apptainer build (unprivileged, --fakeroot) {build_s:.0f} s")
 
 
 def test_apptainer_builds_the_definition_file_as_its_header_says(built):
-    work, out, b, _ = built
+    work, out, b, _, _ = built
     assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
     assert "Traceback" not in b.stderr
     sif = out / "cpu-torch-ddp.sif"
@@ -77,7 +84,7 @@ def test_apptainer_builds_the_definition_file_as_its_header_says(built):
 
 
 def test_the_sif_passes_verify_with_two_ranks_under_apptainer(built):
-    work, out, b, _ = built
+    work, out, b, _, _ = built
     assert b.returncode == 0, b.stderr[-2000:]
     sif = out / "cpu-torch-ddp.sif"
     v = in_apptainer_node([str(work)], "python", "-m", "envbuilder", "verify", str(out), "--image", str(sif),
@@ -91,7 +98,7 @@ def test_the_sif_passes_verify_with_two_ranks_under_apptainer(built):
 
 
 def test_apptainer_inspect_shows_the_specs_labels_and_no_secret(built):
-    work, out, b, _ = built
+    work, out, b, _, _ = built
     assert b.returncode == 0, b.stderr[-2000:]
     sif = out / "cpu-torch-ddp.sif"
     i = in_apptainer_node([str(work)], "apptainer", "inspect", "--labels", "--json", str(sif))
@@ -107,3 +114,50 @@ def test_apptainer_inspect_shows_the_specs_labels_and_no_secret(built):
                           "test ! -s /run/secrets/ca && test ! -s /run/secrets/netrc && ls -A /wheelhouse | wc -l")
     assert e.returncode == 0 and e.stdout.strip() == "0", e.stdout + e.stderr
 
+
+def inspect(work: Path, sif: Path) -> dict:
+    """What `apptainer inspect` shows of SIF: labels, environment, runscript."""
+    shown = {}
+    for what in ("labels", "environment", "runscript"):
+        i = in_apptainer_node([str(work)], "apptainer", "inspect", f"--{what}", str(sif))
+        assert i.returncode == 0, i.stderr
+        shown[what] = i.stdout
+    return shown
+
+
+def label_lines(text: str) -> dict[str, str]:
+    return dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+
+
+def test_envbuilders_own_sif_runs_under_apptainer_and_inspects_like_apptainers(built):
+    """The other way to the .sif, for the same lock: the Dockerfile's image written as a .sif by
+    envbuilder (no Apptainer); under Apptainer it runs the smoke suite with 2 ranks, and `apptainer
+    inspect` shows the spec's labels and runscript as for Apptainer's own build; what differs is
+    printed (Apptainer's build labels, the environment scripts' text)."""
+    work, out, b, _, own = built
+    assert b.returncode == 0, b.stderr[-2000:]
+    probe = run_envbuilder("build", str(RECIPES / "cpu-torch-ddp.yaml"), "--no-build", "--out", str(own))
+    assert probe.code == 0, probe.err
+    keep_for_run(json.loads((own / "manifest.json").read_text())["image"]["tag"])
+    t0 = time.time()
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch-ddp.yaml"), "--out", str(own), "--sif",
+                       "--wheelhouse", wheelhouse(), "--ca-bundle", CA_BUNDLE, timeout=1800)
+    assert r.code == 0, r.err[-3000:]
+    print(f"\nDockerfile build + envbuilder's .sif {time.time() - t0:.0f} s")
+    chown_tree(own, BUILDER_UID)
+    mine, theirs = own / "cpu-torch-ddp.sif", out / "cpu-torch-ddp.sif"
+    e = in_apptainer_node([str(work)], "apptainer", "exec", str(mine), "python", "-m", "envbuilder_smoke",
+                          "--ranks", "2")
+    assert e.returncode == 0, e.stdout[-3000:] + e.stderr[-3000:]
+    assert "16 passed, 0 failed, 5 skipped" in e.stdout + e.stderr
+    a, o = inspect(work, theirs), inspect(work, mine)
+    la, lo = label_lines(a["labels"]), label_lines(o["labels"])
+    print("labels only in Apptainer's .sif: " + ", ".join(f"{k}={la[k]}" for k in sorted(set(la) - set(lo))))
+    print("labels only in envbuilder's .sif: " + ", ".join(f"{k}={lo[k]}" for k in sorted(set(lo) - set(la))))
+    print("labels that differ: " + ", ".join(f"{k}: {la[k]!r} / {lo[k]!r}" for k in sorted(set(la) & set(lo))
+                                             if la[k] != lo[k]))
+    for what in ("environment", "runscript"):
+        print(f"{what}: " + ("the same" if a[what] == o[what] else f"differs\n--- Apptainer's\n{a[what]}"
+                             f"--- envbuilder's\n{o[what]}"))
+    spec_labels = [k for k in la if k.startswith(("org.opencontainers.image.", "dev.envbuilder."))]
+    assert spec_labels and {k: la[k] for k in spec_labels} == {k: lo.get(k) for k in spec_labels}

@@ -70,10 +70,11 @@ EOF
 entry() {  # the container's first process: as root, /dev/fuse usable, then the command as builder
     cat <<'EOF'
 #!/bin/sh
-# /dev/fuse comes from the host as root's alone: the user must open it (squashfuse, fuse2fs).
-# The Docker socket's group joins the user's groups (Bootstrap: docker-daemon).
+# /dev/fuse comes from the host as root's alone: the user must open it (squashfuse, fuse2fs);
+# a container started without it shows what envbuilder says then. The Docker socket's group
+# joins the user's groups (Bootstrap: docker-daemon).
 set -eu
-chmod 666 /dev/fuse
+if [ -c /dev/fuse ]; then chmod 666 /dev/fuse; fi
 groups=$(id -G builder | tr ' ' ',')
 if [ -S /var/run/docker.sock ]; then groups="$groups,$(stat -c %g /var/run/docker.sock)"; fi
 export HOME=/home/builder USER=builder LOGNAME=builder

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import APPTAINER_NODE, base_image, keep_for_run, require_apptainer_node, wheelhouse
+from infra import APPTAINER_NODE, base_image, docker_cli, keep_for_run, require_apptainer_node, wheelhouse
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 BUILDER_UID = 1000          # the user of .ci/install-apptainer.sh's image
@@ -161,3 +161,29 @@ def test_envbuilders_own_sif_runs_under_apptainer_and_inspects_like_apptainers(b
                              f"--- envbuilder's\n{o[what]}"))
     spec_labels = [k for k in la if k.startswith(("org.opencontainers.image.", "dev.envbuilder."))]
     assert spec_labels and {k: la[k] for k in spec_labels} == {k: lo.get(k) for k in spec_labels}
+
+
+@pytest.mark.parametrize("prepare,device,message", [
+    ("true", False, "error: apptainer build --fakeroot: /dev/fuse does not exist"),
+    ("sed -i /^builder:/d /etc/subuid", True,
+     "error: apptainer --fakeroot rootless: user builder has no subordinate uids in /etc/subuid"),
+])
+def test_a_missing_prerequisite_of_fakeroot_is_named_before_any_work(tmp_path, prepare, device, message):
+    """The Apptainer container started as a site might leave it: no /dev/fuse, or no subordinate
+    ids for the user (root takes them away, then the entry drops to `builder`): one message naming
+    what the site must allow, exit 2, no traceback, no build started."""
+    tag = require_apptainer_node()
+    repo = str(RECIPES.parent)
+    out = tmp_path / "out"
+    tmp_path.chmod(0o777)
+    argv = [docker_cli(), "run", "--rm", "--cap-add", "SYS_ADMIN", "--security-opt", "seccomp=unconfined",
+            "--security-opt", "apparmor=unconfined", "--security-opt", "systempaths=unconfined",
+            "-v", f"{repo}:{repo}:ro", "-e", f"PYTHONPATH={repo}", "-v", f"{tmp_path}:{tmp_path}", "-w", repo,
+            *(["--device", "/dev/fuse"] if device else []), "--entrypoint", "sh", tag, "-c",
+            f'{prepare} && exec /usr/local/bin/apptainer-node-entry "$@"', "sh",
+            "python", "-m", "envbuilder", "build", str(RECIPES / "cpu-torch-ddp.yaml"), "--out", str(out),
+            "--engine", "apptainer"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr and "fix: ask the admins" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (out / "apptainer-build.log").exists()

@@ -132,8 +132,9 @@ def label_lines(text: str) -> dict[str, str]:
 def test_envbuilders_own_sif_runs_under_apptainer_and_inspects_like_apptainers(built):
     """The other way to the .sif, for the same lock: the Dockerfile's image written as a .sif by
     envbuilder (no Apptainer); under Apptainer it runs the smoke suite with 2 ranks, and `apptainer
-    inspect` shows the spec's labels and runscript as for Apptainer's own build; what differs is
-    printed (Apptainer's build labels, the environment scripts' text)."""
+    inspect` shows the spec's labels as for Apptainer's own build; both hold the same Python and OS
+    packages; what differs is printed (Apptainer's build labels, the environment scripts' text, the
+    runscript)."""
     work, out, b, _, own = built
     assert b.returncode == 0, b.stderr[-2000:]
     probe = run_envbuilder("build", str(RECIPES / "cpu-torch-ddp.yaml"), "--no-build", "--out", str(own))
@@ -150,6 +151,19 @@ def test_envbuilders_own_sif_runs_under_apptainer_and_inspects_like_apptainers(b
                           "--ranks", "2")
     assert e.returncode == 0, e.stdout[-3000:] + e.stderr[-3000:]
     assert "16 passed, 0 failed, 5 skipped" in e.stdout + e.stderr
+    # the same Python and OS packages in both (what `envbuilder defexec --compare` asserts of its image)
+    listed = {}
+    for sif in (theirs, mine):
+        p = in_apptainer_node([str(work)], "apptainer", "exec", str(sif), "sh", "-c",
+                              "python -m pip list --format=freeze --disable-pip-version-check; echo ---; "
+                              "dpkg-query -W -f '${Package}=${Version}\\n'")
+        assert p.returncode == 0, p.stderr
+        pip, dpkg = p.stdout.split("---\n")
+        listed[sif] = (sorted(pip.split()), sorted(dpkg.split()))
+    (pip_a, dpkg_a), (pip_o, dpkg_o) = listed[theirs], listed[mine]
+    print(f"Python packages: {len(pip_a)} / {len(pip_o)}, OS packages: {len(dpkg_a)} / {len(dpkg_o)}")
+    assert pip_a == pip_o and dpkg_a == dpkg_o, (sorted(set(pip_a) ^ set(pip_o)), sorted(set(dpkg_a) ^ set(dpkg_o)))
+    assert "torch==2.13.0+cpu" in pip_a
     a, o = inspect(work, theirs), inspect(work, mine)
     la, lo = label_lines(a["labels"]), label_lines(o["labels"])
     print("labels only in Apptainer's .sif: " + ", ".join(f"{k}={la[k]}" for k in sorted(set(la) - set(lo))))

@@ -155,6 +155,21 @@ def venv_tool(name: str) -> str:
     return str(beside)
 
 
+# --------------------------------------------------------------------------- apptainer
+APPTAINER_NODE = Path(__file__).resolve().parent.parent / "tools" / "apptainer-node"
+
+
+def require_apptainer_node() -> str:
+    """The image of .ci/install-apptainer.sh (real Apptainer, Debian 13) that tools/apptainer-node
+    runs commands in; skips, or fails under ENVBUILDER_REQUIRE_ENGINES=1, when Docker lacks it."""
+    docker_client()
+    script = APPTAINER_NODE.parent.parent / ".ci" / "install-apptainer.sh"
+    tag = subprocess.run(["bash", str(script), "--tag"], capture_output=True, text=True, check=True).stdout.strip()
+    if not _image_exists(tag):
+        _unavailable("Apptainer", f"no image {tag} in the Docker engine", "run .ci/install-apptainer.sh (.ci/setup does)")
+    return tag
+
+
 # --------------------------------------------------------------------------- host smoke Python
 SMOKE_VENV_PYTHON = "/opt/envbuilder-smoke-venv/bin/python"   # made by .ci/make-smoke-venv.sh
 

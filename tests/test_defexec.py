@@ -216,7 +216,14 @@ def test_every_presets_definition_file_parses_and_its_pip_steps_can_trust_a_prox
         for step in downloading:
             assert "if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca CURL_CA_BUNDLE=/run/secrets/ca; fi" in step
             assert "if [ -s /run/secrets/netrc ]; then export NETRC=/run/secrets/netrc; fi" in step
-    assert "apptainer build --bind /etc/ssl/certs/ca-certificates.crt:/run/secrets/ca" in text
+    assert "apptainer build --bind /etc/ssl/certs/ca-certificates.crt:/run/secrets/ca:ro" in text
+    # every stage makes the bind points (a build cannot), /wheelhouse unless its %files copies it
+    for stage in stages:
+        setup = stage.section("setup")
+        assert setup is not None and 'touch "${APPTAINER_ROOTFS}"/run/secrets/ca "${APPTAINER_ROOTFS}"/run/secrets/netrc' \
+            in setup.body
+        copied = any(dst == "/wheelhouse" for _, pairs in stage.files() for _, dst in pairs)
+        assert ('"${APPTAINER_ROOTFS}"/wheelhouse' in setup.body) is not copied
 
 
 # --- bad input --------------------------------------------------------------------------------------
@@ -254,8 +261,8 @@ def test_a_failing_post_names_the_stage_and_the_command_under_sh(tmp_path):
     ("Bootstrap: library\nFrom: alpine\n\n%post\n    true\n",
      "stage 1: Bootstrap: library cannot be run here (envbuilder writes docker-daemon or docker)"),
     ("Bootstrap: docker-daemon\n\n%post\n    true\n", "stage 1: Bootstrap: docker-daemon has no From: line"),
-    ("Bootstrap: docker-daemon\nFrom: local/debian:bookworm\n\n%setup\n    touch /x\n",
-     "line 4: section %setup is not one envbuilder writes"),
+    ("Bootstrap: docker-daemon\nFrom: local/debian:bookworm\n\n%startscript\n    true\n",
+     "line 4: section %startscript is not one envbuilder writes"),
     ("Bootstrap: docker-daemon\nFrom: local/debian:bookworm\n\n%files from devel\n    /a /a\n",
      "%files from devel: no earlier stage has that name"),
     ("%post\n    true\n", "line 1: %post comes before any Bootstrap: line"),

@@ -14,7 +14,7 @@ from ..errors import EnvbuilderError
 BOOTSTRAP = re.compile(r"^bootstrap\s*:\s*(\S*)\s*$", re.I)
 HEADER = re.compile(r"^([A-Za-z]+)\s*:\s*(.*?)\s*$")
 SECTION = re.compile(r"^%([A-Za-z]+)(?:[ \t]+(.*?))?\s*$")
-SECTIONS = ("files", "post", "environment", "labels", "help", "runscript", "test")
+SECTIONS = ("setup", "files", "post", "environment", "labels", "help", "runscript", "test")
 BOOTSTRAPS = ("docker-daemon", "docker")
 FIX = "write it again from the spec: envbuilder build SPEC --no-build (never edit the generated file)"
 

@@ -5,8 +5,9 @@
        Docker engine into buildah's storage, its ID checked against the lock), with
        /.singularity.d as Apptainer's docker conversion writes it (sif/metadata.py's files)
     2. %files from STAGE: copied from that stage's root, owners, modes and links kept
-       (CopyFromStage); then %files: `cp -fLr SRC DST` from the folder (CopyFromHost); missing
-       parent folders are made
+       (CopyFromStage); then %setup on this host as `/bin/sh -cex` with APPTAINER_ROOTFS set to
+       the stage's root (stage.go runs it there); then %files: `cp -fLr SRC DST` from the folder
+       (CopyFromHost); missing parent folders are made
     3. %post: the section written to /.post.script and run as `/bin/sh -ex /.post.script` in
        the container, through /.singularity.d/actions/exec (the base's environment), with a
        clean environment, the host's network, `/` as working folder; the CA bundle and netrc
@@ -227,6 +228,18 @@ def _cp(run: Run, argv: list[str], where: str) -> None:
         raise CheckFailed(f"definition file: {where}", proc.stderr.strip()[-600:], f"the full log is {run.log.name}")
 
 
+def _setup(run: Run, root: Path, body: str, stage: str) -> None:
+    """%setup: on this host, `/bin/sh -cex BODY` with the stage's root in APPTAINER_ROOTFS."""
+    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+           "APPTAINER_ROOTFS": str(root), "SINGULARITY_ROOTFS": str(root)}
+    proc = subprocess.run(["/bin/sh", "-cex", body], env=env, capture_output=True, text=True)
+    run.log.write(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise CheckFailed(f"definition file: %setup of stage {stage}",
+                          f"/bin/sh -cex exited {proc.returncode}: {proc.stderr.strip()[-300:]}",
+                          f"the full log is {run.log.name}")
+
+
 def _post(run: Run, ctr: str, root: Path, body: str, stage: str, secrets: dict[str, str]) -> float:
     """%post: /bin/sh -ex /.post.script through the exec action, output streamed to the log."""
     script = root / POST_SCRIPT
@@ -346,14 +359,20 @@ def execute(folder: Path, *, tag: str, ca_bundle: str | None = None, netrc: str 
                 run.containers[name] = (ctr, root)
                 config = _base_config(run, ref, f"Bootstrap of stage {name}")
                 base_metadata(root, config)
-                for src_stage, pairs in sorted(stage.files(), key=lambda f: f[0] == ""):
-                    label = f"%files from {src_stage}" if src_stage else "%files"
+                files = sorted(stage.files(), key=lambda f: f[0] == "")
+                for src_stage, pairs in [f for f in files if f[0]]:
+                    label = f"%files from {src_stage}"
                     _say(quiet, f"  {where} {label}: " + ", ".join(f"{s} -> {d}" for s, d in pairs))
                     for src, dst in pairs:
-                        if src_stage:
-                            _copy_from_stage(run, run.containers[src_stage][1], root, src, dst, f"{label} ({src})")
-                        else:
-                            _copy_from_host(run, context, root, src, dst, f"{label} ({src})")
+                        _copy_from_stage(run, run.containers[src_stage][1], root, src, dst, f"{label} ({src})")
+                setup = stage.section("setup")
+                if setup is not None and setup.body.strip():
+                    _say(quiet, f"  {where} %setup: /bin/sh -cex on this host, APPTAINER_ROOTFS={root}")
+                    _setup(run, root, setup.body, name)
+                for _, pairs in [f for f in files if not f[0]]:
+                    _say(quiet, f"  {where} %files: " + ", ".join(f"{s} -> {d}" for s, d in pairs))
+                    for src, dst in pairs:
+                        _copy_from_host(run, context, root, src, dst, f"%files ({src})")
                 # a stage no later stage copies from is done with: its container goes now (disk)
                 for done in [n for n in run.containers if n != name
                              and not any(src == n for later in stages[i + 1:] for src, _ in later.files())]:

@@ -1,18 +1,35 @@
-"""Build with Apptainer (or SingularityCE): from Apptainer.def, or by converting the image the
-Docker engine already holds (docker-daemon://). Neither runs on machines without the binary:
-then the command it would run is part of the message."""
+"""Build the .sif with Apptainer (or SingularityCE) from the folder's Apptainer.def, with the
+command line its header prints: `apptainer build [--fakeroot] [--bind ...] NAME.sif Apptainer.def`.
+
+Unprivileged (as most HPC users build), with --fakeroot; before any work, each thing the machine
+must allow for that is checked and a missing one refused by name (user namespaces, /dev/fuse,
+subordinate ids). --ca-bundle, --netrc and --wheelhouse are bound for %post and %test at the paths
+the file reads them from (its %setup makes those bind points), never copied into the image.
+Without the binary, the command it would run is part of the message."""
 
 from __future__ import annotations
 
+import os
+import pwd
 import shlex
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
-from ..errors import CheckFailed
-from ..render.manifest import image_tag
-from .docker import engine
+from ..errors import CheckFailed, EnvbuilderError
+from ..render.common import CA_SECRET, NETRC_SECRET, WHEELHOUSE
+from .context import check_inputs
 from .options import BuildOptions
+from .rootless import check_subids
+
+USERNS_FILES = (
+    # (file, what a 0 there means): Linux's limit, and Debian/Ubuntu's switch for unprivileged users
+    (Path("/proc/sys/user/max_user_namespaces"), "user.max_user_namespaces is 0"),
+    (Path("/proc/sys/kernel/unprivileged_userns_clone"), "kernel.unprivileged_userns_clone is 0"),
+)
+FUSE_DEVICE = Path("/dev/fuse")
+LOG_NAME = "apptainer-build.log"
 
 
 def find_binary() -> str | None:
@@ -23,32 +40,70 @@ def find_binary() -> str | None:
     return None
 
 
-def apptainer_command(folder: Path, output, binary: str = "apptainer", from_docker: str | None = None) -> list[str]:
-    sif = f"{output.stack.spec.name}.sif"
-    source = f"docker-daemon://{from_docker}" if from_docker else "Apptainer.def"
-    return [binary, "build", "--force", sif, source]
+def apptainer_command(output, opts: BuildOptions, binary: str = "apptainer", fakeroot: bool = False) -> list[str]:
+    """The header's command line, with the binds the options ask for (sources made absolute)."""
+    cmd = [binary, "build", "--force"] + (["--fakeroot"] if fakeroot else [])
+    for source, target in ((opts.wheelhouse, WHEELHOUSE), (opts.ca_bundle, CA_SECRET), (opts.netrc, NETRC_SECRET)):
+        if source:
+            cmd += ["--bind", f"{Path(source).resolve()}:{target}:ro"]
+    return cmd + [f"{output.stack.spec.name}.sif", "Apptainer.def"]
 
 
-def _docker_has(tag: str) -> bool:
-    try:
-        engine().images.get(tag)
-        return True
-    except Exception:  # no engine or no such image: build from the definition file instead
-        return False
+def check_unprivileged(uid: int, user: str, etc: Path = Path("/etc")) -> None:
+    """What `apptainer build --fakeroot` needs from the machine, each refused by name (exit 2)."""
+    for path, why in USERNS_FILES:
+        try:
+            value = path.read_text().strip()
+        except OSError:
+            continue              # this kernel has no such switch
+        if value == "0":
+            raise EnvbuilderError("apptainer build --fakeroot",
+                                  f"this machine allows no unprivileged user namespaces ({why})",
+                                  f"ask the admins to allow them (sysctl {why.split()[0]}=... above 0; "
+                                  "Apptainer's admin guide, 'User namespace requirements'), or build as root")
+    if not os.access(FUSE_DEVICE, os.R_OK | os.W_OK):
+        reason = "does not exist" if not FUSE_DEVICE.exists() else "is not readable and writable by you"
+        raise EnvbuilderError("apptainer build --fakeroot", f"{FUSE_DEVICE} {reason} (Apptainer mounts the "
+                              "image's SquashFS with squashfuse and overlays with fuse-overlayfs, as you)",
+                              "ask the admins for a usable /dev/fuse (module fuse loaded, mode 0666; in a "
+                              "container: --device /dev/fuse)")
+    check_subids("apptainer --fakeroot", user, uid, etc)
+
+
+def _shown(folder: Path, cmd: list[str]) -> str:
+    return f"cd {shlex.quote(str(folder))} && {' '.join(shlex.quote(c) for c in cmd)}"
+
+
+def _last_lines(path: Path, count: int = 8) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return "\n    ".join(lines[-count:])
 
 
 def build(folder: Path, output, opts: BuildOptions) -> dict:
-    tag = opts.tag or image_tag(output.stack)
-    from_docker = tag if _docker_has(tag) else None
+    check_inputs(opts.ca_bundle, opts.wheelhouse)
+    if opts.netrc and not Path(opts.netrc).is_file():
+        raise EnvbuilderError("--netrc", f"no such file: {opts.netrc}",
+                              "give a netrc file: machine HOST login USER password TOKEN")
+    uid = os.geteuid()
     binary = find_binary()
-    cmd = apptainer_command(folder, output, binary or "apptainer", from_docker)
-    shown = f"cd {shlex.quote(str(folder))} && {' '.join(shlex.quote(c) for c in cmd)}"
+    cmd = apptainer_command(output, opts, binary or "apptainer", fakeroot=uid != 0)
     if binary is None:
         raise CheckFailed("apptainer build", "neither apptainer nor singularity is installed here",
-                          f"on a machine that has it, run: {shown}")
-    log_path = folder / "apptainer-build.log"
+                          f"on a machine that has it, run: {_shown(folder, cmd)}")
+    if uid != 0:
+        check_unprivileged(uid, pwd.getpwuid(uid).pw_name)
+    log_path = folder / LOG_NAME
+    started = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
+        log.write(f"$ {_shown(folder, cmd)}\n")
+        log.flush()
         code = subprocess.run(cmd, cwd=folder, stdout=log, stderr=subprocess.STDOUT).returncode
     if code != 0:
-        raise CheckFailed("apptainer build", f"`{shown}` failed (exit {code})", f"the full log is {log_path}")
-    return {"engine": "apptainer", "sif": str(folder / cmd[3]), "log": str(log_path)}
+        raise CheckFailed("apptainer build", f"`{_shown(folder, cmd)}` failed (exit {code}); its last lines:\n    "
+                          + _last_lines(log_path), f"the full log is {log_path}")
+    sif = folder / cmd[-2]
+    size, seconds = sif.stat().st_size, time.monotonic() - started
+    if not opts.quiet:
+        print(f"built {sif} ({size / 1e6:.0f} MB) in {seconds:.0f} s (%test: the smoke suite passed); log {log_path}")
+    return {"engine": "apptainer", "sif": str(sif), "size_bytes": size, "build_seconds": round(seconds, 1),
+            "log": str(log_path)}

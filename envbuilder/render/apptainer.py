@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import posixpath
+
 from ..plan.image import Copy, Plan, Step
 from ..quoting import apptainer_export, apptainer_line, apptainer_text, image_ref, shell_words
-from .common import CA_SECRET, NETRC_SECRET, export_line, header, network_setup
+from .common import CA_SECRET, NETRC_SECRET, WHEELHOUSE, export_line, header, network_setup
 
 
 def _bootstrap(base: str) -> tuple[str, str]:
@@ -31,10 +33,28 @@ def _post(steps: list[Step], drop_wheelhouse: bool) -> list[str]:
         lines += [f"        {apptainer_line(c, f'{step.component} step')}" for c in body]
         lines.append("    )")
     if drop_wheelhouse:
-        lines.append("    rm -rf /wheelhouse   # local wheels were only needed to install")
+        # a wheelhouse bound at build time (--bind WHEELS:/wheelhouse) is the host's folder: left alone
+        lines.append(f"    grep -q ' {WHEELHOUSE} ' /proc/self/mountinfo || rm -rf {WHEELHOUSE}   "
+                     "# local wheels were only needed to install")
     if any(step.mounts for step in steps):
         lines.append("    rm -rf /pins   # the lock's pin lists were only needed to install")
     return lines
+
+
+def _setup(copies_wheelhouse: bool) -> list[str]:
+    """%setup (on the build host, before the host's %files): the bind points of the header's
+    `apptainer build --bind` lines, in every stage (Apptainer binds them into each stage's %post
+    and %test, and a build cannot create a missing destination). They stay in the image, empty.
+    A stage whose %files copies ./wheelhouse gets /wheelhouse from that copy (made here, the copy
+    would land inside it)."""
+    root = '"${APPTAINER_ROOTFS}"'
+    folders = sorted({posixpath.dirname(CA_SECRET), posixpath.dirname(NETRC_SECRET)})
+    folders += [] if copies_wheelhouse else [WHEELHOUSE]
+    return ["%setup",
+            "    # bind points for `apptainer build --bind` (CA bundle, netrc, wheelhouse), empty in the image",
+            "    mkdir -p " + " ".join(root + f for f in folders),
+            f"    touch {root}{CA_SECRET} {root}{NETRC_SECRET}",
+            ""]
 
 
 def _files(copies: list[Copy]) -> list[str]:
@@ -57,10 +77,14 @@ def render_apptainer(plan: Plan, spec_sha: str) -> str:
     out = header("#", f"Apptainer/Singularity definition file for {plan.name}", spec_sha, [
         "",
         f"Build:  apptainer build {plan.name}.sif Apptainer.def   (runs %test: the smoke suite)",
-        "Local wheels (offline sites) go in ./wheelhouse/ (copied into the build stage only).",
-        "Behind a TLS-intercepting proxy, bind the CA bundle for %post (never copied into the image):",
-        f"  apptainer build --bind /etc/ssl/certs/ca-certificates.crt:{CA_SECRET} {plan.name}.sif Apptainer.def",
-        f"  (a private pip index's login: --bind NETRC_FILE:{NETRC_SECRET})",
+        "  (unprivileged, Apptainer builds with --fakeroot: the site must allow user namespaces,",
+        "  subordinate ids in /etc/subuid and /etc/subgid, and /dev/fuse)",
+        "Binds for %post, never copied into the image (add them before the .sif's name):",
+        f"  local wheels (offline sites):      --bind WHEELS_FOLDER:{WHEELHOUSE}:ro",
+        "    (or put them in ./wheelhouse/: copied into the build stage only)",
+        f"  a TLS-intercepting proxy's CA:     --bind /etc/ssl/certs/ca-certificates.crt:{CA_SECRET}:ro",
+        f"  a private pip index's login:       --bind NETRC_FILE:{NETRC_SECRET}:ro",
+        f"  e.g. apptainer build --bind /etc/ssl/certs/ca-certificates.crt:{CA_SECRET}:ro {plan.name}.sif Apptainer.def",
     ])
     multi = len(plan.stages) > 1
     for stage in plan.stages:
@@ -72,9 +96,10 @@ def render_apptainer(plan: Plan, spec_sha: str) -> str:
         out.append("")
         copies = [i for i in stage.items if isinstance(i, Copy)]
         if not last or not multi:
-            copies = [Copy("wheelhouse", "/wheelhouse")] + copies
+            copies = [Copy("wheelhouse", WHEELHOUSE)] + copies
         if any(i.mounts for i in stage.items if isinstance(i, Step)):
             copies = [Copy("pins", "/pins")] + copies
+        out += _setup(any(c.dest == WHEELHOUSE for c in copies))
         out += _files(copies)
         out += _post([i for i in stage.items if isinstance(i, Step)], drop_wheelhouse=not multi)
         if not last:

@@ -3,9 +3,10 @@ section by section as Apptainer runs it (no Apptainer here), the image it gives 
 ranks, and compared with the Dockerfile's image of the same lock: the same Python and OS packages
 (asserted), the files that differ printed.
 
-Here cpu-torch-ddp (the cheapest preset with a framework: no compile). The Dockerfile's image is
-the one tests/test_distributed_ddp.py builds (same tag, kept for the run; here its layers come from
-the build cache). The other presets: tests/test_defexec_presets.py.
+Here: every preset's file parsed, and the refusals; the shared helper that executes a preset's file
+and compares it serves tests/test_defexec_presets.py (cpu-torch), tests/test_intel_tf.py and
+tests/test_distributed_tf.py. cpu-torch-ddp's file, executed here with buildah until Apptainer ran
+on these machines, is built by the real Apptainer in tests/test_apptainer.py.
 
 Bad input (no definition file, a stage envbuilder cannot run, a %post that fails) is one
 message naming the step and the fix, no traceback."""
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import base_image, docker_cli, keep_for_run, require_binary, require_docker, wheelhouse
+from infra import base_image, docker_cli, keep_for_run, require_binary, require_docker
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
@@ -71,7 +72,8 @@ def remove_def_image(tag: str) -> None:
 
 
 def definition_file_executed_verified_and_compared(out: Path, docker_tag: str, *extra: str,
-                                                    verify_extra: tuple[str, ...] = ()) -> str:
+                                                    verify_extra: tuple[str, ...] = (),
+                                                    compare_json: bool = False) -> str:
     """OUT's Apptainer.def executed with buildah (EXTRA: defexec's options), its image compared with
     the Dockerfile's DOCKER_TAG (the same Python and OS packages) and verified with 2 ranks; the
     image removed after. The presets' tests share this (tests/test_defexec_presets.py,
@@ -81,6 +83,16 @@ def definition_file_executed_verified_and_compared(out: Path, docker_tag: str, *
         print("\n" + r.out)
         assert_same_packages(r, docker_tag)
         assert record["what"] == "definition file executed with buildah"
+        if compare_json:
+            # --compare-only: the image already made, compared again; --json lists every difference
+            j = run_envbuilder("defexec", str(out), "--compare-only", "--compare", docker_tag, "--json", timeout=600)
+            assert j.code == 0, j.err[-2000:]
+            data = json.loads(j.out)
+            diff = data["compare"]
+            assert data["ok"] is True and "image" not in data and diff["same_packages"] is True
+            assert diff["a"]["ref"] == record["tag"] and diff["b"]["ref"] == docker_tag
+            assert {x["path"] for x in diff["files"]["only_a"]} >= {"/.singularity.d", "/environment", "/singularity"}
+            print(f"files that differ: {[x['path'] for x in diff['files']['differ']]}")
         t0 = time.time()
         v = run_envbuilder("verify", str(out), "--image", record["tag"], "--runtime", "docker", "--ranks", "2",
                            *verify_extra, timeout=1800)
@@ -98,101 +110,6 @@ def assert_same_packages(r, docker_tag: str) -> None:
     assert re.search(r"^Python packages: the same \(\d+, name==version\)$", r.out, re.M), r.out
     assert re.search(r"^OS packages \(dpkg\): the same \(\d+, name=version\)$", r.out, re.M), r.out
     assert "B (the Dockerfile's image):" in r.out and docker_tag in r.out
-
-
-# --- cpu-torch-ddp, in CI ---------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def ddp(tmp_path_factory):
-    needs_engines()
-    out = tmp_path_factory.mktemp("defexec") / "cpu-torch-ddp"
-    docker_tag, build_s = locked_and_built(RECIPES / "cpu-torch-ddp.yaml", out, "--wheelhouse", wheelhouse())
-    r, seconds, record = defexec(out, docker_tag, "--wheelhouse", wheelhouse())
-    yield out, docker_tag, r, record
-    print(f"\ncpu-torch-ddp: Dockerfile build {build_s:.0f} s; definition file executed with buildah and "
-          f"compared {seconds:.0f} s ({record.get('size_bytes', 0) / 1e6:.0f} MB)")
-    if record.get("tag"):
-        remove_def_image(record["tag"])
-
-
-def test_ddp_definition_file_gives_the_dockerfiles_packages(ddp):
-    out, docker_tag, r, record = ddp
-    print("\n" + r.out)
-    assert_same_packages(r, docker_tag)
-    assert record["what"] == "definition file executed with buildah"
-    assert [s["stage"] for s in record["stages"]] == ["devel", "runtime"]
-    # the stages ran as the definition file says, %post under /bin/sh -ex
-    assert "[devel 1/2] %files: pins -> /pins, wheelhouse -> /wheelhouse" in r.err
-    assert "[runtime 2/2] %files from devel: /opt/venv -> /opt/venv" in r.err
-    log = (out / "defexec.log").read_text()
-    assert "/.singularity.d/actions/exec /bin/sh -ex /.post.script" in log
-    assert "+ python3 -m venv /opt/venv" in log               # the -x trace of the definition's own lines
-    # what differs is the runtime's part only: Apptainer's metadata, the Dockerfile's WORKDIR
-    files = r.out[r.out.index("files:"):]
-    assert "A only  /.singularity.d" in files and "B only  /workspace" in files
-    assert "differ  /opt" not in files and "A only  /opt" not in files and "B only  /opt" not in files
-
-
-def test_ddp_comparison_as_json(ddp):
-    """--compare-only: the image already made, compared again; --json lists every difference."""
-    out, docker_tag, r, record = ddp
-    assert r.code == 0, r.err[-2000:]
-    j = run_envbuilder("defexec", str(out), "--compare-only", "--compare", docker_tag, "--json", timeout=600)
-    assert j.code == 0, j.err[-2000:]
-    data = json.loads(j.out)
-    assert data["ok"] is True and "image" not in data
-    diff = data["compare"]
-    assert diff["same_packages"] is True and diff["a"]["ref"] == record["tag"] and diff["b"]["ref"] == docker_tag
-    assert diff["python"]["same"] == 13 and not diff["python"]["only_a"] and not diff["python"]["only_b"]
-    assert {x["path"] for x in diff["files"]["only_a"]} >= {"/.singularity.d", "/environment", "/singularity"}
-    assert diff["files"]["differ"] == []
-
-
-def test_ddp_definition_files_image_passes_verify_with_two_ranks(ddp, tmp_path):
-    out, _, r, record = ddp
-    assert r.code == 0, r.err[-2000:]
-    report = tmp_path / "report.json"
-    v = run_envbuilder("verify", str(out), "--image", record["tag"], "--runtime", "docker", "--ranks", "2",
-                       "--report", str(report), timeout=900)
-    assert v.code == 0, v.out + v.err[-3000:]
-    checks = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
-    assert checks["dist.init[torch]"]["figure"] == "2 ranks, gloo"
-    assert checks["train.ddp[torch]"]["status"] == "pass"
-    assert checks["versions.packages"]["status"] == "pass" and checks["versions.apt"]["status"] == "pass"
-    assert checks["env.locale"]["figure"] == "C.UTF-8"          # from %environment, through the exec action
-    assert f"OK: cpu-torch-ddp (docker {record['tag']})" in v.out
-    # verify names what it ran: the folder's definition-file image (defexec.json), not the Dockerfile's
-    assert (f"image: the definition file executed with buildah, digest {record['digest']}, id {record['id']}; "
-            "the image verified is that build") in v.out
-
-
-def test_ddp_singularity_metadata_as_apptainer_writes_it(ddp):
-    out, _, r, record = ddp
-    assert r.code == 0, r.err[-2000:]
-    tag = record["tag"]
-    probe = docker("run", "--rm", "--entrypoint", "/bin/sh", tag, "-c",
-                   "cat /.singularity.d/env/90-environment.sh; echo ===; cat /.singularity.d/runscript; echo ===;"
-                   "cat /.singularity.d/labels.json; echo ===; cat /.singularity.d/Singularity; echo ===;"
-                   "readlink /environment /singularity; ls /run/secrets /wheelhouse /pins 2>&1; true")
-    env, runscript, labels, definition, rest = probe.stdout.split("===\n")
-    assert env.startswith("#!/bin/sh\n# Custom environment shell code should follow\n")
-    assert 'export PATH="/opt/venv/bin:$PATH"' in env
-    assert runscript == '#!/bin/sh\n\n    exec python "$@"\n'
-    data = json.loads(labels)
-    assert data["dev.envbuilder.spec-sha256"] == json.loads((out / "manifest.json").read_text())["spec_sha256"]
-    assert data["org.label-schema.usage.singularity.deffile.bootstrap"] == "docker-daemon"
-    assert data["org.label-schema.usage.singularity.deffile.stage"] == "runtime"
-    assert definition == (out / "Apptainer.def").read_text()
-    assert ".singularity.d/env/90-environment.sh" in rest and ".singularity.d/runscript" in rest
-    # the CA bundle's bind point, the pins and the wheels are not in the image
-    for gone in ("/run/secrets", "/wheelhouse", "/pins"):
-        assert f"'{gone}': No such file" in rest, rest
-    # `docker run IMAGE CMD` is `apptainer exec x.sif CMD`: the environment comes from the env scripts
-    shown = docker("run", "--rm", tag, "python", "-c", "import os, sys; print(sys.prefix, os.environ['LC_ALL'])")
-    assert shown.stdout.strip() == "/opt/venv C.UTF-8", shown.stderr
-    # and with no command, the runscript (python), as `apptainer run`
-    ran = subprocess.run([docker_cli(), "run", "--rm", "-i", tag], input="print(6 * 7)\n", capture_output=True, text=True)
-    assert ran.stdout.strip() == "42", ran.stderr
 
 
 # --- every preset's definition file, without an engine ------------------------------------------

@@ -45,9 +45,9 @@ def _check_sif_request(req: BuildRequest) -> None:
         raise EnvbuilderError("--sif", "the SIF is made from the image the build makes",
                               "leave out --no-build (or run `envbuilder sif FOLDER` after a build)")
     if ENGINES[req.opts.engine].writes_sif:
-        others = ", ".join(name for name, e in ENGINES.items() if not e.writes_sif)
-        raise EnvbuilderError("--sif", f"--engine {req.opts.engine} writes its own .sif",
-                              f"leave out --sif, or build with --engine {others}")
+        *others, last = [name for name, e in ENGINES.items() if not e.writes_sif]
+        raise EnvbuilderError("--sif", f"--engine {req.opts.engine} writes its own .sif ({req.opts.engine} build)",
+                              f"leave out --sif, or build with --engine {', '.join(others)} or {last}")
 
 
 def make_sif_of(folder: Path, image: dict, opts: BuildOptions) -> dict:

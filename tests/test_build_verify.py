@@ -150,7 +150,9 @@ def test_verify_fails_broken_images_naming_the_check(torch_image, tmp_path, name
         docker("rmi", "-f", tag, check=False)
 
 
-def test_unresolvable_package_fails_at_the_lock_step_and_keeps_outputs(torch_image, tmp_path, ca_bundle):
+def test_unresolvable_package_fails_at_the_lock_step_before_anything_is_written(torch_image, tmp_path, ca_bundle):
+    """A build locks first, then writes its folder once: a lock that cannot be resolved leaves no
+    folder of unpinned files behind (`--no-build` writes the files alone)."""
     spec = tmp_path / "bad.yaml"
     text = (RECIPES / "cpu-torch.yaml").read_text()
     spec.write_text(text.replace("name: cpu-torch-horovod", "name: cpu-torch-broken")
@@ -160,7 +162,7 @@ def test_unresolvable_package_fails_at_the_lock_step_and_keeps_outputs(torch_ima
     assert r.code == 1, r.err[-2000:]
     assert "error: lock: pip:" in r.err and "envbuilder-no-such-package==9.9.9" in r.err
     assert "fix:" in r.err and "Traceback" not in r.err
-    assert (out / "Dockerfile").is_file() and (out / "manifest.json").is_file()
+    assert not out.exists()
 
 
 def test_a_failed_docker_step_is_named_from_the_real_build_log(tmp_path):

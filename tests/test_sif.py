@@ -216,11 +216,16 @@ def test_missing_tool_names_the_debian_package(small_folder, tmp_path, missing, 
 
 
 def test_build_sif_checks_tools_before_building(tmp_path):
+    """Before the lock, the folder and an hour of build: the SIF's tools are checked first, and an
+    existing folder is left as it was."""
     out = tmp_path / "out"
+    assert run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out), "--no-build").code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out), "--sif",
                        env={"PATH": _path_without(tmp_path, "siftool")})
     assert r.code == 1 and "siftool is not installed (Debian package siftool)" in r.err
-    assert (out / "Dockerfile").is_file() and not list(out.glob("*.sif"))   # earlier outputs kept
+    assert "resolving" not in r.err and not list(out.glob("*.sif"))
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
 def test_broken_image_is_one_message_and_keeps_the_existing_sif(small_folder, tmp_path):

@@ -151,18 +151,19 @@ def test_verify_fails_broken_images_naming_the_check(torch_image, tmp_path, name
 
 
 def test_unresolvable_package_fails_at_the_lock_step_before_anything_is_written(torch_image, tmp_path, ca_bundle):
-    """A build locks first, then writes its folder once: a lock that cannot be resolved leaves no
-    folder of unpinned files behind (`--no-build` writes the files alone)."""
+    """A build locks first, then writes its folder once: a lock that cannot be resolved writes
+    nothing (the folder keeps what `build --no-build` wrote there first, and gets no lock)."""
     spec = tmp_path / "bad.yaml"
     text = (RECIPES / "cpu-torch.yaml").read_text()
     spec.write_text(text.replace("name: cpu-torch-horovod", "name: cpu-torch-broken")
                     + "packages: {pip: [\"envbuilder-no-such-package==9.9.9\"]}\n")
     out = tmp_path / "out"
-    r = build(spec, out, ca_bundle, "--wheelhouse", wheelhouse())
+    r = build(spec, out, ca_bundle, "--wheelhouse", wheelhouse())      # writes the files with --no-build first
     assert r.code == 1, r.err[-2000:]
     assert "error: lock: pip:" in r.err and "envbuilder-no-such-package==9.9.9" in r.err
     assert "fix:" in r.err and "Traceback" not in r.err
-    assert not out.exists()
+    assert (out / "Dockerfile").is_file() and not (out / "envbuilder.lock").exists()
+    assert "lock" not in json.loads((out / "manifest.json").read_text())
 
 
 def test_a_failed_docker_step_is_named_from_the_real_build_log(tmp_path):

@@ -61,14 +61,21 @@ def generate(spec: Spec, lock: Lock | None = None) -> Output:
     versions, pip hashes, source hashes; the lock and its pins/ lists join the files (a lock that
     does not match what the spec needs is refused, naming the differences). Without one, the
     pins the spec and catalog know."""
-    return files_for(resolve(spec, lock))
+    return files_for(locked_stack(spec, lock))
+
+
+def locked_stack(spec: Spec, lock: Lock | None = None) -> Stack:
+    """SPEC's stack pinned by LOCK, once the lock is checked against what the stack needs (a lock
+    that does not match is refused, naming the differences)."""
+    stack = resolve(spec, lock)
+    if lock is not None:
+        check_matches(lock, stack, needs(stack))
+    return stack
 
 
 def files_for(stack: Stack) -> Output:
-    """The output folder's files for a resolved stack (generate() from a spec)."""
+    """The output folder's files for a stack (its lock already checked: locked_stack)."""
     spec, lock = stack.spec, stack.lock
-    if lock is not None:
-        check_matches(lock, stack, needs(stack))
     plan = assemble(stack)
     sha = spec.sha256()
     recipes: dict[str, bytes] = {}

@@ -155,11 +155,10 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
     """Run the build steps in order; return the result `build --json` prints. Raises
     EnvbuilderError (bad input, exit 2) or CheckFailed (a failed step, exit 1); what an earlier
     step wrote stays."""
-    from .generate import files_for
+    from .generate import files_for, locked_stack
     from .lock.model import LOCK_NAME
     from .lockcmd import ensure_locked, existing_lock, lock_path
     from .output import check_output_folder, write_folder
-    from .stack import resolve
     from .slurm.options import apply_job_options
     from .spec.model import load_spec
 
@@ -174,7 +173,7 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
     path = lock_path(spec, req.lock, req.out)
     if req.lock:
         check_output_folder(path.parent, "--lock")
-    stack = resolve(spec, existing_lock(path))      # an existing lock is used as is, if it matches
+    stack = locked_stack(spec, existing_lock(path))   # an existing lock is used as is, if it matches
     engine = ENGINES[req.opts.engine]
     sif_now = not req.no_build and (req.sif or "sif" in spec.targets) and not engine.writes_sif
     if sif_now:
@@ -191,7 +190,8 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
             with _step(steps, "lock", paths):
                 lock = ensure_locked(opts, stack)      # no lock yet: resolved now, written below
             newly_locked = lock is not stack.lock
-            stack = replace(stack, lock=lock)
+            if newly_locked:                           # resolved from this stack's needs: it matches
+                stack = replace(stack, lock=lock)
         out = files_for(stack)
         written = write_folder(folder, out.files, complete=True, force=opts.force)
         if newly_locked and path.parent.resolve() != folder.resolve():

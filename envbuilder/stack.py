@@ -210,7 +210,8 @@ class Stack:
 
 def resolve(spec: Spec, lock: Lock | None = None, catalog: Catalog | None = None) -> Stack:
     """Check ``spec`` (raises SpecErrors on any error finding) and derive the stack, pinned by
-    ``lock`` when there is one (generate.py checks that the lock matches what the stack needs)."""
+    ``lock`` when there is one (generate.locked_stack also checks that the lock matches what the
+    stack needs)."""
     cat = catalog or load_catalog()
     found = check(spec, cat)
     ctx = context_for(spec, cat)

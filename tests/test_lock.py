@@ -145,6 +145,11 @@ def test_a_lock_that_no_longer_matches_the_spec_is_refused_naming_the_entries(to
     assert "apt.runtime: git is in the spec, not in the lock" in r.err
     assert "envbuilder lock SPEC" in r.err and "Traceback" not in r.err
     assert not (tmp_path / "o").exists()
+    # a real build says so too, before it asks any engine for anything
+    built = run_envbuilder("build", str(spec), "--out", str(tmp_path / "o"), "--lock", str(path),
+                           env={"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock"})
+    assert built.code == 2 and "envbuilder.lock: does not match the spec" in built.err, built.err
+    assert "Docker engine" not in built.err and not (tmp_path / "o").exists()
 
 
 def test_a_lock_for_another_spec_is_refused(torch_lock, tmp_path):

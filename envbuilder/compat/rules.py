@@ -468,6 +468,8 @@ def cluster_rules(spec: Spec, ctx: Context):
         yield Finding("VET_MIN_NODES", ERROR, "cluster.vet_min_nodes",
                       f"is {cl.vet_min_nodes}, more than the job's {cl.nodes} node(s): vetting could never pass",
                       f"give at most cluster.nodes ({cl.nodes}), or more nodes", [])
+    job_runtime = runtime(cl.runtime)
+    separator = job_runtime.bind_list_separator
     for n, bind in enumerate(cl.binds):
         parts = bind.split(":")
         if not parts[0].startswith("/") or len(parts) > 3 or (len(parts) == 3 and parts[2] not in ("ro", "rw")) \
@@ -475,16 +477,12 @@ def cluster_rules(spec: Spec, ctx: Context):
             yield Finding("BIND_FORMAT", ERROR, f"cluster.binds[{n}]",
                           f"{bind[:80]!r} is not SRC[:DST[:ro|rw]] with absolute paths",
                           "write e.g. /scratch or /data/set1:/data:ro", [])
-    job_runtime = runtime(cl.runtime)
-    separator = job_runtime.bind_list_separator
-    for n, bind in enumerate(cl.binds):
         if separator and separator in bind:
             yield Finding("BIND_SPLIT", ERROR, f"cluster.binds[{n}]",
                           f"{bind[:80]!r} holds {separator!r}, which cluster.runtime {cl.runtime} splits its bind "
                           f"list on: it would mount {' and '.join(repr(p) for p in bind.split(separator)[:3])} "
                           "instead", f"rename the folder, or bind a parent folder whose path has no {separator!r}",
                           [job_runtime.bind_list_source])
-
 
 @rule
 def packages_rules(spec: Spec, ctx: Context):

@@ -158,63 +158,29 @@ def _sif_args(p):
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-@command("defexec", "execute <folder>/Apptainer.def with buildah as Apptainer runs it (no Apptainer needed); "
-                    "compare the image with the Dockerfile's")
-def cmd_defexec(args) -> int:
-    from .defexec.contents import compare_images, print_comparison
-    from .defexec.execute import execute
-    from .verify.runner import default_tag, read_manifest
+@command("compare", "what two images hold, side by side: files, Python and OS packages (a .sif file, or an image "
+                    "in the Docker engine or buildah's storage); exit 1 when the packages differ")
+def cmd_compare(args) -> int:
+    from .compare import compare_images, print_comparison
 
-    if args.compare_only and not args.compare:
-        raise EnvbuilderError("--compare-only", "there is nothing to compare with", "add --compare IMAGE")
-    folder = Path(args.folder)
-    manifest = read_manifest(folder / "manifest.json")
-    docker_tag = default_tag(manifest)
-    name, _, version = docker_tag.rpartition(":") if "/" not in docker_tag.rpartition(":")[2] else (docker_tag, "", "")
-    tag = args.tag or f"{name}:{version or 'latest'}-def"
-    result: dict = {"ok": True}
-    if not args.compare_only:
-        record = execute(folder, tag=tag, ca_bundle=args.ca_bundle, netrc=args.netrc, wheelhouse=args.wheelhouse,
-                         export_docker=args.export_docker, quiet=args.json)
-        result["image"] = record
-        if not args.json:
-            size = f"{record['size_bytes'] / 1e6:.0f} MB, " if record.get("size_bytes") else ""
-            print(f"definition file executed with buildah: {tag} ({size}{record['seconds']:.0f} s); log {record['log']}")
-            print(f"  image digest {record['digest']}  id {record['id']}")
-            for stage in record["stages"]:
-                print(f"  stage {stage['stage']}: {stage['seconds']:.0f} s (%post {stage['post_seconds']:.0f} s)")
-            if record.get("exports"):
-                print(f"  docker: {record['exports']['docker']}")
-    if args.compare:
-        diff = compare_images(tag, args.compare)
-        result["compare"] = diff
-        if not args.json:
-            print_comparison(diff)
-        if not diff["same_packages"]:
-            result["ok"] = False
+    diff = compare_images(args.a, args.b)
+    ok = diff["same_packages"]
     if args.json:
-        _print_json(result)
-    elif args.compare and not result["ok"]:
-        print("error: defexec --compare: the two images do not hold the same Python and OS packages (listed above)\n"
-              "  fix: see which step of Apptainer.def installs them differently from the Dockerfile's", file=sys.stderr)
-    return 0 if result["ok"] else 1
+        _print_json({"ok": ok, "compare": diff})
+    else:
+        print_comparison(diff)
+        if not ok:
+            print("error: compare: the two images do not hold the same Python and OS packages (listed above)\n"
+                  "  fix: see which step of Apptainer.def installs them differently from the Dockerfile's",
+                  file=sys.stderr)
+    return 0 if ok else 1
 
 
-def _defexec_args(p):
-    p.add_argument("folder", help="output folder of `envbuilder build` (holds Apptainer.def; lock it first)")
-    p.add_argument("--tag", help="image tag (default: the manifest's image tag + '-def')")
-    p.add_argument("--ca-bundle", help="CA bundle %%post's pip trusts, bound at /run/secrets/ca while it runs "
-                   "(as apptainer build --bind does); never stored in the image")
-    p.add_argument("--netrc", help="netrc file of a private pip index, bound at /run/secrets/netrc likewise")
-    p.add_argument("--wheelhouse", help="folder of local wheels, copied into the build stage's /wheelhouse")
-    p.add_argument("--export", dest="export_docker", action="store_const", const=True, default=False,
-                   help="also hand the image to the Docker engine (docker run IMAGE CMD = apptainer exec x.sif CMD)")
-    p.add_argument("--compare", metavar="IMAGE",
-                   help="then compare with IMAGE (the Dockerfile's build: Docker engine or buildah storage): "
-                        "files, Python packages, OS packages; exit 1 when the packages differ")
-    p.add_argument("--compare-only", action="store_true",
-                   help="do not execute again: compare the image already made (needs --compare)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+def _compare_args(p):
+    p.add_argument("a", metavar="A", help="an image: a .sif file (e.g. `apptainer build`'s of Apptainer.def), or a "
+                   "tag in the Docker engine or buildah's storage")
+    p.add_argument("b", metavar="B", help="the other image, likewise (e.g. the Dockerfile's: manifest.json image.tag)")
+    p.add_argument("--json", action="store_true", help="machine-readable output: every difference")
 
 
 # --- presets / schema ---------------------------------------------------------------------------
@@ -283,7 +249,7 @@ def _check_args(p):
 
 ARGS = {"check": _check_args, "build": _build_args, "lock": lock_args, "diff": diff_args, "presets": lambda p: p.add_argument(
     "--json", action="store_true", help="machine-readable output"), "schema": lambda p: None,
-        "verify": _verify_args, "sif": _sif_args, "defexec": _defexec_args}
+        "verify": _verify_args, "sif": _sif_args, "compare": _compare_args}
 
 
 def make_parser() -> argparse.ArgumentParser:

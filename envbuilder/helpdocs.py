@@ -9,7 +9,7 @@ DOCS: dict[str, str] = {
     "check": "docs/writing-a-spec.md; every key and the rules that read it: docs/spec.md",
     "build": "docs/engines.md; job scripts and site profiles: docs/jobs.md; without Docker or root: docs/login-node.md",
     "sif": "docs/sif.md",
-    "defexec": "docs/engines.md#the-definition-file-executed-with-buildah",
+    "compare": "docs/engines.md#comparing-two-images-envbuilder-compare",
     "presets": "docs/writing-a-spec.md#presets-recipes-generated-files-in-images",
     "schema": "docs/spec.md (the same schema as a page)",
     "verify": "docs/verify.md",

@@ -95,11 +95,11 @@ def pytest_configure_node(node):
 WORKER_GROUPS = {
     # tools/minicluster's two nodes (node vetting measures their speed), the MPI-wheel images and
     # their conversions into its shared folder, and the cpu-torch-ddp image that test_multinode
-    # converts and test_defexec, test_distributed_ddp and test_apptainer (its .sif) build
+    # converts and test_distributed_ddp and test_apptainer (its .sif) build
     "cluster": ("test_multinode", "test_mpi_multinode", "test_mpi_pypi", "test_mpi_abi", "test_mpi_horovod",
-                "test_tf_config", "test_defexec", "test_distributed_ddp", "test_apptainer"),
+                "test_tf_config", "test_distributed_ddp", "test_apptainer"),
     # the cpu-torch image: built by each of these, converted by test_slurm_jobs and test_sif
-    "cpu-torch": ("test_build_verify", "test_sif", "test_slurm_jobs", "test_defexec_presets"),
+    "cpu-torch": ("test_build_verify", "test_sif", "test_slurm_jobs", "test_apptainer_presets"),
 }
 LONGEST_FIRST = ("test_intel_tf", "cluster", "cpu-torch", "test_buildah_engine", "test_login_node",
                  "test_distributed_tf", "test_lock_build", "test_smoke_suite", "test_lock")

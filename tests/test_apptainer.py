@@ -14,7 +14,6 @@ printed. A missing image of .ci/install-apptainer.sh skips (fails in CI)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -22,25 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from apptainer_build import BUILDER_UID, CA_BUNDLE, chown_tree, in_apptainer_node
 from conftest import RECIPES, run_envbuilder
-from infra import APPTAINER_NODE, base_image, docker_cli, keep_for_run, require_apptainer_node, wheelhouse
-
-CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-BUILDER_UID = 1000          # the user of .ci/install-apptainer.sh's image
-
-
-def in_apptainer_node(mounts: list[str], *command: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    argv = [str(APPTAINER_NODE)]
-    for m in mounts:
-        argv += ["-v", m]
-    return subprocess.run([*argv, "--", *command], capture_output=True, text=True, timeout=timeout)
-
-
-def chown_tree(path: Path, uid: int) -> None:
-    for root, dirs, files in os.walk(path):
-        for name in [root, *(os.path.join(root, d) for d in dirs), *(os.path.join(root, f) for f in files)]:
-            os.lchown(name, uid, uid)
-
+from infra import base_image, docker_cli, keep_for_run, require_apptainer_node, wheelhouse
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
@@ -151,19 +134,16 @@ def test_envbuilders_own_sif_runs_under_apptainer_and_inspects_like_apptainers(b
                           "--ranks", "2")
     assert e.returncode == 0, e.stdout[-3000:] + e.stderr[-3000:]
     assert "16 passed, 0 failed, 5 skipped" in e.stdout + e.stderr
-    # the same Python and OS packages in both (what `envbuilder defexec --compare` asserts of its image)
-    listed = {}
-    for sif in (theirs, mine):
-        p = in_apptainer_node([str(work)], "apptainer", "exec", str(sif), "sh", "-c",
-                              "python -m pip list --format=freeze --disable-pip-version-check; echo ---; "
-                              "dpkg-query -W -f '${Package}=${Version}\\n'")
-        assert p.returncode == 0, p.stderr
-        pip, dpkg = p.stdout.split("---\n")
-        listed[sif] = (sorted(pip.split()), sorted(dpkg.split()))
-    (pip_a, dpkg_a), (pip_o, dpkg_o) = listed[theirs], listed[mine]
-    print(f"Python packages: {len(pip_a)} / {len(pip_o)}, OS packages: {len(dpkg_a)} / {len(dpkg_o)}")
-    assert pip_a == pip_o and dpkg_a == dpkg_o, (sorted(set(pip_a) ^ set(pip_o)), sorted(set(dpkg_a) ^ set(dpkg_o)))
-    assert "torch==2.13.0+cpu" in pip_a
+    # the same Python and OS packages and files in both, read from the two .sifs (`envbuilder compare`)
+    c = run_envbuilder("compare", str(theirs), str(mine), "--json", timeout=900)
+    assert c.code == 0, c.out[-3000:] + c.err[-3000:]
+    diff = json.loads(c.out)["compare"]
+    print(f"Python packages: {diff['python']['same']} the same, OS packages: {diff['dpkg']['same']} the same; files: "
+          f"{diff['files']['same']} the same, only in Apptainer's: {[x['path'] for x in diff['files']['only_a']]}, "
+          f"only in envbuilder's: {[x['path'] for x in diff['files']['only_b']]}, "
+          f"differ: {[x['path'] for x in diff['files']['differ']][:20]}")
+    assert diff["same_packages"] is True and diff["a"]["from"] == diff["b"]["from"] == "sif"
+    assert diff["python"]["same"] >= 10 and diff["dpkg"]["same"] >= 100, diff
     a, o = inspect(work, theirs), inspect(work, mine)
     la, lo = label_lines(a["labels"]), label_lines(o["labels"])
     print("labels only in Apptainer's .sif: " + ", ".join(f"{k}={la[k]}" for k in sorted(set(la) - set(lo))))

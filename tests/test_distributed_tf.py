@@ -1,7 +1,8 @@
 """tf-multiworker for real: the cpu-tf-multiworker preset built on Docker, and 2 workers of
 tf.distribute.MultiWorkerMirroredStrategy in the container (TF_CONFIG from the suite's spawner):
 exact all_reduce, a data-parallel run whose loss falls with identical weights on both workers; and
-the preset's definition file executed with buildah, compared with that image and verified."""
+the preset's definition file built by the real Apptainer (unprivileged), its .sif compared with
+that image and verified under Apptainer (its workers' TF_CONFIG included)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import time
 
 import pytest
 
+from apptainer_build import built_by_apptainer_verified_and_compared
 from conftest import RECIPES, run_envbuilder
 from infra import keep_for_run, base_image, require_docker
-from test_defexec import definition_file_executed_verified_and_compared, needs_engines
 
 RECIPE = RECIPES / "cpu-tf-multiworker.yaml"
 
@@ -52,9 +53,8 @@ def test_two_workers_of_multiworker_mirrored_strategy(tf_mw_image, tmp_path):
     print(f"cpu-tf-multiworker: verify 2 workers (docker) {wall:.1f} s")
 
 
-def test_definition_file_executed_verified_and_compared(tf_mw_image):
-    """The same output folder's Apptainer.def executed with buildah: the same packages as the
-    Dockerfile's image above, and verify passes with 2 ranks (its workers' TF_CONFIG included)."""
-    needs_engines()
+def test_definition_file_built_by_apptainer_verified_and_compared(tf_mw_image, tmp_path):
+    """The same lock's Apptainer.def built by Apptainer: %test passes, the same packages as the
+    Dockerfile's image above, and verify passes with 2 workers under Apptainer."""
     tag = json.loads((tf_mw_image / "manifest.json").read_text())["image"]["tag"]
-    print(f"\ncpu-tf-multiworker: {definition_file_executed_verified_and_compared(tf_mw_image, tag)}")
+    print(f"\ncpu-tf-multiworker: {built_by_apptainer_verified_and_compared(RECIPE, tf_mw_image, tag, tmp_path)}")

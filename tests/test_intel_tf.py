@@ -1,7 +1,8 @@
 """intel-tensorflow + Horovod for real: the cpu-intel-tf-debian preset built on Docker from the local
 Debian base (one Horovod compile against TensorFlow), verified with 2 ranks over MPI and Gloo,
 verify proving what makes it intel-tensorflow; a thread setting that does not reach the ranks fails
-naming it; and its definition file executed with buildah, compared with this image and verified.
+naming it; and its definition file built by the real Apptainer (unprivileged), its .sif compared
+with this image and verified under Apptainer.
 
 A module of its own (its own worker group, tests/conftest.py) so that its two Horovod compiles
 (the Dockerfile's and the definition file's) run beside other groups' waits."""
@@ -14,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from apptainer_build import built_by_apptainer_verified_and_compared
 from conftest import RECIPES
 from test_build_verify import CA_BUNDLE, build, derive, docker, report_checks, verify
-from test_defexec import definition_file_executed_verified_and_compared, needs_engines
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +87,9 @@ def test_a_thread_setting_that_does_not_reach_the_ranks_fails_naming_it(intel_tf
         docker("rmi", "-f", tag, check=False)
 
 
-def test_definition_file_executed_verified_and_compared(intel_tf_image):
-    """The same output folder's Apptainer.def (Horovod compiled again, in %post) executed with
-    buildah: the same packages as the image above, and verify passes with 2 ranks."""
-    needs_engines()
+def test_definition_file_built_by_apptainer_verified_and_compared(intel_tf_image, tmp_path):
+    """The same lock's Apptainer.def (Horovod compiled again, in %post) built by Apptainer: %test
+    passes, the same packages as the image above, and verify passes with 2 ranks under Apptainer."""
     out, info = intel_tf_image
-    print(f"cpu-intel-tf-debian: {definition_file_executed_verified_and_compared(out, info['tag'])}")
+    figures = built_by_apptainer_verified_and_compared(RECIPES / "cpu-intel-tf-debian.yaml", out, info["tag"], tmp_path)
+    print(f"cpu-intel-tf-debian: {figures}")

@@ -131,6 +131,21 @@ def test_root_fs_holds_singularity_d_with_the_image_environment(torch_sif, tmp_p
         assert proc.stdout.splitlines()[1].startswith("/opt/venv/")
 
 
+def test_compare_reads_the_sif_and_finds_the_images_files(torch_sif):
+    """`envbuilder compare x.sif TAG`: the .sif's SquashFS read through squashfuse against the
+    Docker image it was written from: the same packages, and every file of the image the same
+    bytes in the .sif (the writer adds only what Apptainer expects, which compare leaves out)."""
+    _, sif, info, _ = torch_sif
+    r = run_envbuilder("compare", str(sif), info["tag"], "--json", timeout=900)
+    assert r.code == 0, r.out[-2000:] + r.err[-2000:]
+    diff = json.loads(r.out)["compare"]
+    assert diff["a"]["from"] == "sif" and diff["b"]["from"] == "docker" and diff["same_packages"] is True
+    assert "torch-2" not in json.dumps(diff["python"]["only_a"]) and diff["python"]["same"] >= 10
+    assert diff["files"]["differ"] == [] and diff["files"]["only_b"] == [], diff["files"]
+    assert diff["files"]["same"] > 10_000
+    assert "/.singularity.d" in diff["not_compared"]
+
+
 # --- running the content ------------------------------------------------------------------------
 
 def test_verify_sif_runs_the_suite_from_its_squashfs_with_two_ranks(torch_sif, tmp_path):

@@ -83,7 +83,7 @@ def test_an_image_kept_for_the_run_outlives_the_worker_that_made_it(tmp_path):
     for name in ("conftest.py", "infra.py"):
         (suite / name).write_text((TESTS / name).read_text())
     (suite / "test_multinode.py").write_text(TAGGER.format(name="test_multinode", body=KEEP))
-    (suite / "test_defexec.py").write_text(TAGGER.format(name="test_defexec", body="keep_for_run(TAG)"))
+    (suite / "test_apptainer.py").write_text(TAGGER.format(name="test_apptainer", body="keep_for_run(TAG)"))
     (suite / "test_lock.py").write_text(TAGGER.format(name="test_lock", body=WAIT))
     (suite / "ended_plugin.py").write_text(ENDED)
     (suite / "pytest.ini").write_text("[pytest]\n")
@@ -97,8 +97,8 @@ def test_an_image_kept_for_the_run_outlives_the_worker_that_made_it(tmp_path):
                               timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
         assert "3 passed" in proc.stdout, proc.stdout[-2000:]
-        workers = {name: (out / name).read_text() for name in ("test_multinode", "test_defexec", "test_lock")}
-        assert workers["test_multinode"] == workers["test_defexec"] != workers["test_lock"], workers
+        workers = {name: (out / name).read_text() for name in ("test_multinode", "test_apptainer", "test_lock")}
+        assert workers["test_multinode"] == workers["test_apptainer"] != workers["test_lock"], workers
         gone = subprocess.run([docker_cli(), "image", "inspect", tag], capture_output=True)
         assert gone.returncode != 0, "the image kept for the run is still there after it"
         assert set(Path("/tmp").glob("envbuilder-test-run-*")) <= records_before, "the run's record was left"

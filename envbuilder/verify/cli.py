@@ -169,31 +169,25 @@ def report_outcome(args, opts: VerifyOptions, target: Target, outcome: Outcome, 
 
 
 def image_record(target: Target, runtime_name: str) -> dict | None:
-    """The build's record (<folder>/image.json: engine, image digest and ID; or defexec.json, the
-    definition file executed with buildah) and, for the docker runtime, whether the image verified
-    is that build (same image ID). Where the folder holds both, the one the image verified is."""
+    """The build's record (<folder>/image.json: engine, image digest and ID) and, for the docker
+    runtime, whether the image verified is that build (same image ID)."""
     if not target.folder:
         return None
-    records = []
-    for name in ("image.json", "defexec.json"):
-        if (target.folder / name).is_file():
-            try:
-                data = json.loads((target.folder / name).read_text())
-            except ValueError:
-                continue
-            if isinstance(data, dict):
-                records.append((name, data))
-    if not records:
+    path = target.folder / "image.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
         return None
     rt = runtime(runtime_name)
     ran = rt.image_id(target.image) if rt.identifies_images and target.image else None
-    name, data = next(((n, d) for n, d in records if ran and ran in (d.get("id"), d.get("docker_id"))), records[0])
     record = {k: data.get(k) for k in ("engine", "tag", "digest", "id", "docker_id")}
     line = f"image: built by {record['engine']}, id {record['id']}"
     if record.get("digest"):
         line = f"image: built by {record['engine']}, digest {record['digest']}, id {record['id']}"
-    if name == "defexec.json":
-        line = f"image: the definition file executed with buildah, digest {record['digest']}, id {record['id']}"
     if rt.identifies_images and target.image and record.get("id"):
         record["ran_id"] = ran
         built = {record["id"], record.get("docker_id")}       # Docker's ID of a buildah image: docker_id

@@ -1,10 +1,13 @@
 """What an image holds, read from its file tree (nothing is run in it): every path with its type,
 mode, owner, size, link target and content hash; the Python distributions of every
 site-packages/dist-packages folder (their METADATA: name==version); the OS packages dpkg lists as
-installed (/var/lib/dpkg/status: name=version). And the difference between two images.
+installed (/var/lib/dpkg/status: name=version). And the difference between two images:
+`envbuilder compare A B`, e.g. Apptainer's .sif of a lock against the Dockerfile's image of it.
 
 An image in buildah's storage is read through a mounted working container (root); one in the
-Docker engine through `docker export` of a created (never started) container, as a tar stream."""
+Docker engine through `docker export` of a created (never started) container, as a tar stream;
+a .sif file through its SquashFS partition mounted read-only with squashfuse (as `verify x.sif`
+mounts it), whoever wrote it (`apptainer build` or `envbuilder build --sif`)."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from ..errors import CheckFailed, EnvbuilderError
+from .errors import CheckFailed, EnvbuilderError
 
 # a distribution's metadata: wheels' dist-info/METADATA; setuptools' egg-info (a folder with PKG-INFO,
 # or one file, as Debian's python3-* packages install it)
@@ -29,13 +32,17 @@ DPKG_STATUS = "/var/lib/dpkg/status"
 # are bind targets at run time, Apptainer's included): not compared
 RUNTIME_PATHS = ("/.dockerenv", "/dev/console", "/dev/pts", "/dev/shm", "/etc/mtab", "/etc/hosts",
                  "/etc/resolv.conf", "/etc/hostname")
+# what only a .sif holds: the runtime's metadata folder and its links (Apptainer's and envbuilder's
+# SIFs alike), and the bind points Apptainer's build creates empty; listed as "only in", never a
+# reason to fail
+SIF_ONLY = ("/.singularity.d", "/environment", "/singularity", "/.exec", "/.run", "/.shell", "/.test")
 SHOWN = 40          # paths printed per kind of difference (all are in --json)
 
 
 @dataclass
 class Contents:
     ref: str
-    where: str                                          # buildah / docker
+    where: str                                          # buildah / docker / sif
     files: dict[str, tuple] = field(default_factory=dict)   # path -> (type, mode, uid, gid, size, link, sha256)
     python: dict[str, str] = field(default_factory=dict)    # "name==version" -> folder
     dpkg: set[str] = field(default_factory=set)             # "name=version"
@@ -108,7 +115,7 @@ def _from_buildah(ref: str) -> Contents:
     out = Contents(ref, "buildah")
     proc = subprocess.run(["buildah", "from", "--pull=false", ref], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise CheckFailed("defexec --compare", f"buildah cannot open {ref}: {proc.stderr.strip()[-300:]}", "")
+        raise CheckFailed("compare", f"buildah cannot open {ref}: {proc.stderr.strip()[-300:]}", "")
     ctr = proc.stdout.strip().splitlines()[-1]
     try:
         mount = subprocess.run(["buildah", "mount", ctr], capture_output=True, text=True, check=True)
@@ -128,7 +135,7 @@ def _from_docker(ref: str, docker: str) -> Contents:
     out = Contents(ref, "docker")
     proc = subprocess.run([docker, "create", ref, "/bin/true"], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise CheckFailed("defexec --compare", f"docker cannot open {ref}: {proc.stderr.strip()[-300:]}", "")
+        raise CheckFailed("compare", f"docker cannot open {ref}: {proc.stderr.strip()[-300:]}", "")
     ctr = proc.stdout.strip()
     try:
         export = subprocess.Popen([docker, "export", ctr], stdout=subprocess.PIPE)
@@ -163,19 +170,43 @@ def _from_docker(ref: str, docker: str) -> Contents:
     return out
 
 
-def read_image(ref: str, fix: str = "give the tag of the Dockerfile's build (manifest.json image.tag), built "
+def _from_sif(path: Path) -> Contents:
+    from .sif import check, layout
+
+    out = Contents(str(path), "sif")
+    try:
+        layout.read(path)
+    except layout.NotSif as exc:
+        raise EnvbuilderError("IMAGE", str(exc), "give a .sif made by `apptainer build` or "
+                              "`envbuilder build --sif`, or an image tag") from None
+    part = check.structure(path)["partition"]
+    with check.mounted(path, part["offset"]) as root:
+        _walk(root, out)
+    return out
+
+
+def read_image(ref: str, fix: str = "give a .sif file, or an image tag (manifest.json image.tag), built "
                "first: envbuilder build SPEC") -> Contents:
-    """The contents of REF: from buildah's storage when it is there, else from the Docker engine."""
-    buildah = shutil.which("buildah")
-    if buildah and subprocess.run([buildah, "inspect", "--type", "image", ref], capture_output=True).returncode == 0:
-        if os.geteuid() != 0:
-            raise EnvbuilderError("--compare", "reading an image from buildah's storage needs root (buildah mount)",
-                                  "run as root, or give an image the Docker engine holds")
-        return _from_buildah(ref)
+    """The contents of REF: a .sif file when REF names one, else an image of the Docker engine,
+    else one of buildah's storage."""
+    if ref.endswith(".sif") or Path(ref).is_file():
+        path = Path(ref)
+        if not path.is_file():
+            raise EnvbuilderError("IMAGE", f"{ref}: no such .sif file", fix)
+        return _from_sif(path)
+    # the Docker engine first: `envbuilder build`'s default engine, and where `--engine buildah`
+    # hands its image too (a stale buildah image under the same tag is never read before it)
     docker = shutil.which("docker")
     if docker and subprocess.run([docker, "image", "inspect", ref], capture_output=True).returncode == 0:
         return _from_docker(ref, docker)
-    raise EnvbuilderError("--compare", f"image {ref} is neither in buildah's storage nor in the Docker engine", fix)
+    buildah = shutil.which("buildah")
+    if buildah and subprocess.run([buildah, "inspect", "--type", "image", ref], capture_output=True).returncode == 0:
+        if os.geteuid() != 0:
+            raise EnvbuilderError("IMAGE", "reading an image from buildah's storage needs root (buildah mount)",
+                                  "run as root, or give an image the Docker engine holds")
+        return _from_buildah(ref)
+    raise EnvbuilderError("IMAGE", f"image {ref} is neither a .sif file, nor in buildah's storage, nor in the "
+                          "Docker engine", fix)
 
 
 WHAT = ("type", "mode", "owner", "group", "size", "link target", "content")
@@ -195,14 +226,17 @@ def _collapse(paths: set[str]) -> list[tuple[str, int]]:
 
 
 def compare_images(a_ref: str, b_ref: str) -> dict:
-    """A: the definition file's image, B: the Dockerfile's. Files by path; packages by name and
-    version. Modification times are not compared (cp -r and COPY set them differently)."""
-    a = read_image(a_ref, "execute the definition file first: envbuilder defexec FOLDER (without --compare-only), "
-                          "or give its image with --tag")
+    """A and B: e.g. the definition file's .sif and the Dockerfile's image of the same lock. Files by
+    path; packages by name and version. Modification times are not compared (cp -r and COPY set
+    them differently)."""
+    a = read_image(a_ref)
     b = read_image(b_ref)
     for c in (a, b):
         for path in RUNTIME_PATHS:
             c.files.pop(path, None)
+        if c.where == "sif":
+            for path in [p for p in c.files if p in SIF_ONLY or p.startswith("/.singularity.d/")]:
+                del c.files[path]
     only_a = set(a.files) - set(b.files)
     only_b = set(b.files) - set(a.files)
     differ = {}
@@ -223,17 +257,15 @@ def compare_images(a_ref: str, b_ref: str) -> dict:
                   "only_a": [{"path": p, "entries": n} for p, n in _collapse(only_a)],
                   "only_b": [{"path": p, "entries": n} for p, n in _collapse(only_b)],
                   "differ": [{"path": p, "what": w} for p, w in differ.items()]},
-        "not_compared": list(RUNTIME_PATHS),
+        "not_compared": list(RUNTIME_PATHS) + (list(SIF_ONLY) if "sif" in (a.where, b.where) else []),
         "same_packages": py_a == py_b and a.dpkg == b.dpkg,
     }
 
 
 def print_comparison(diff: dict) -> None:
     a, b = diff["a"], diff["b"]
-    print(f"A (definition file executed with buildah): {a['ref']}  [{a['files']} paths, {a['python']} Python, "
-          f"{a['dpkg']} OS packages]")
-    print(f"B (the Dockerfile's image):                {b['ref']}  [{b['files']} paths, {b['python']} Python, "
-          f"{b['dpkg']} OS packages]")
+    for label, x in (("A", a), ("B", b)):
+        print(f"{label} ({x['from']}): {x['ref']}  [{x['files']} paths, {x['python']} Python, {x['dpkg']} OS packages]")
     for key, title, sep in (("python", "Python packages", "name==version"), ("dpkg", "OS packages (dpkg)", "name=version")):
         d = diff[key]
         if not d["only_a"] and not d["only_b"]:
@@ -247,7 +279,7 @@ def print_comparison(diff: dict) -> None:
     f = diff["files"]
     print(f"files: {f['same']} the same; {sum(x['entries'] for x in f['only_a'])} only in A, "
           f"{sum(x['entries'] for x in f['only_b'])} only in B, {len(f['differ'])} differ (times not compared, nor "
-          f"the runtime's bind targets {', '.join(diff['not_compared'])})")
+          f"the runtime's paths {', '.join(diff['not_compared'])})")
     for key, label in (("only_a", "A only "), ("only_b", "B only ")):
         for item in f[key][:SHOWN]:
             more = f"  ({item['entries']} entries)" if item["entries"] > 1 else ""

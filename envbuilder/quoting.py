@@ -110,6 +110,22 @@ def metadata_words(values) -> str:
     return " ".join(shlex.quote(str(v)) for v in values)
 
 
+def oci_runscript(entrypoint, cmd) -> list[str]:
+    """The lines of a runscript that runs an image's ENTRYPOINT and CMD as `docker run IMAGE [ARGS]`
+    does: arguments replace CMD (OCI semantics; each word literal, nothing evaluated). They are both
+    the definition file's %runscript and the runscript of envbuilder's own .sif, so `apptainer run`
+    does the same with either .sif (and `apptainer inspect --runscript` shows the same text) and
+    what `docker run` does with the Dockerfile's image."""
+    entry, command = metadata_words(entrypoint), metadata_words(cmd)
+    lines = ["# the image's ENTRYPOINT and CMD; arguments replace CMD (as docker run IMAGE ARGS)"]
+    if command:
+        lines.append(f'if [ "$#" -eq 0 ]; then set -- {command}; fi')
+    elif not entry:
+        lines.append('if [ "$#" -eq 0 ]; then set -- /bin/sh; fi')
+    lines.append(f'exec {entry} "$@"' if entry else 'exec "$@"')
+    return lines
+
+
 def shell_assign(name: str, value: str, what: str = "value") -> str:
     """NAME='value' (the name checked as a shell variable name)."""
     if not VARIABLE_NAME_RE.fullmatch(name):

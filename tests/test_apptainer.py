@@ -116,8 +116,8 @@ def test_envbuilders_own_sif_runs_under_apptainer_and_inspects_like_apptainers(b
     """The other way to the .sif, for the same lock: the Dockerfile's image written as a .sif by
     envbuilder (no Apptainer); under Apptainer it runs the smoke suite with 2 ranks, and `apptainer
     inspect` shows the spec's labels as for Apptainer's own build; both hold the same Python and OS
-    packages; what differs is printed (Apptainer's build labels, the environment scripts' text, the
-    runscript)."""
+    packages, the same runscript (asserted: `apptainer run` does the same with both); what differs is
+    printed (Apptainer's build labels, the environment scripts' text)."""
     work, out, b, _, own = built
     assert b.returncode == 0, b.stderr[-2000:]
     probe = run_envbuilder("build", str(RECIPES / "cpu-torch-ddp.yaml"), "--no-build", "--out", str(own))
@@ -155,6 +155,11 @@ def test_envbuilders_own_sif_runs_under_apptainer_and_inspects_like_apptainers(b
                              f"--- envbuilder's\n{o[what]}"))
     spec_labels = [k for k in la if k.startswith(("org.opencontainers.image.", "dev.envbuilder."))]
     assert spec_labels and {k: la[k] for k in spec_labels} == {k: lo.get(k) for k in spec_labels}
+    # the same runscript, byte for byte: the Dockerfile's CMD, arguments replacing it (quoting.oci_runscript)
+    assert a["runscript"] == o["runscript"] and 'set -- python; fi\n    exec "$@"' in a["runscript"], a["runscript"]
+    r = [in_apptainer_node([str(work)], "apptainer", "run", str(sif), "python", "-c", "print(6 * 7)")
+         for sif in (theirs, mine)]
+    assert [x.stdout.strip() for x in r] == ["42", "42"], [x.stderr[-500:] for x in r]
 
 
 @pytest.mark.parametrize("prepare,device,message", [

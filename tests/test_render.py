@@ -75,6 +75,26 @@ def test_apptainer_def_parses_with_spython(rendered, preset):
     assert "python -m envbuilder_smoke" in text.split("%test", 1)[1]
 
 
+@pytest.mark.parametrize("preset", [p.stem for p in PRESETS])
+def test_the_runscript_is_the_dockerfiles_cmd_as_envbuilders_sif_writes_it(rendered, preset, tmp_path):
+    """Apptainer writes a %runscript as `#!/bin/sh`, a blank line, the section's lines (checked
+    with Apptainer 1.4.5: tests/test_apptainer.py compares `apptainer inspect --runscript`): the
+    definition file's section is, byte for byte, the runscript envbuilder's .sif writer makes from
+    the Dockerfile's CMD; run, it does what `docker run IMAGE [ARGS]` does (arguments replace CMD)."""
+    from envbuilder.sif.metadata import runscript
+    from envbuilder.sif.rootfs import ImageConfig
+
+    text = (rendered[preset] / "Apptainer.def").read_text()
+    section = text.split("\n%runscript\n", 1)[1].split("\n\n%", 1)[0]
+    cmd = json.loads(re.search(r"^CMD (\[.*\])$", (rendered[preset] / "Dockerfile").read_text(), re.M).group(1))
+    assert runscript(ImageConfig(cmd=cmd)) == "#!/bin/sh\n\n" + section + "\n"
+    script = tmp_path / "runscript"
+    script.write_text(runscript(ImageConfig(cmd=["echo", "cmd"])))
+    run = [subprocess.run(["/bin/sh", str(script), *args], capture_output=True, text=True).stdout
+           for args in ((), ("echo", "args"))]
+    assert run == ["cmd\n", "args\n"]
+
+
 def test_dockerfile_structure_for_the_gpu_preset(rendered):
     text = (rendered["gpu"] / "Dockerfile").read_text()
     assert "FROM nvidia/cuda:11.8.0-cudnn8-devel-ubuntu22.04 AS devel" in text

@@ -5,7 +5,7 @@ from __future__ import annotations
 import posixpath
 
 from ..plan.image import Copy, Plan, Step
-from ..quoting import apptainer_export, apptainer_line, apptainer_text, image_ref, shell_words
+from ..quoting import apptainer_export, apptainer_line, apptainer_text, image_ref, oci_runscript, shell_words
 from .common import CA_SECRET, NETRC_SECRET, WHEELHOUSE, export_line, header, network_setup
 
 
@@ -111,6 +111,8 @@ def render_apptainer(plan: Plan, spec_sha: str) -> str:
         out += [f"    {apptainer_line(k)} {apptainer_text(v, k)}" for k, v in plan.labels.items()]
         out += ["", "%help"]
         out += [f"    {apptainer_line(line, 'description')}" for line in plan.help.split("\n")]
-        out += ["", "%runscript", f"    exec {shell_words(plan.runscript)} \"$@\""]
+        # the Dockerfile's CMD, as envbuilder's own .sif runs it: the same lines (quoting.py)
+        shell_words(plan.runscript, "runscript")          # refuses what no shell line may hold
+        out += ["", "%runscript", *(f"    {line}" for line in oci_runscript([], plan.runscript))]
         out += ["", "%test", f"    {shell_words(plan.test)}"]
     return "\n".join(out) + "\n"

@@ -23,7 +23,7 @@ import json
 import re
 from datetime import datetime, timezone
 from ..errors import CheckFailed
-from ..quoting import apptainer_text, metadata_dq, metadata_words
+from ..quoting import apptainer_text, metadata_dq, oci_runscript
 from . import layers
 from .layers import Tree
 from .rootfs import ImageConfig
@@ -102,19 +102,10 @@ def docker_env_script(env: list[str]) -> str:
 
 
 def runscript(config: ImageConfig) -> str:
-    """`apptainer run`: ENTRYPOINT + CMD, arguments replacing CMD (OCI semantics, no eval)."""
-    entry = metadata_words(config.entrypoint)
-    cmd = metadata_words(config.cmd)
-    lines = ["#!/bin/sh", "# the image's ENTRYPOINT and CMD; arguments replace CMD"]
-    if entry and cmd:
-        lines += [f'if [ "$#" -eq 0 ]; then set -- {cmd}; fi', f'exec {entry} "$@"']
-    elif entry:
-        lines.append(f'exec {entry} "$@"')
-    elif cmd:
-        lines += [f'if [ "$#" -eq 0 ]; then set -- {cmd}; fi', 'exec "$@"']
-    else:
-        lines += ['if [ "$#" -eq 0 ]; then set -- /bin/sh; fi', 'exec "$@"']
-    return "\n".join(lines) + "\n"
+    """`apptainer run`: ENTRYPOINT + CMD, arguments replacing CMD (OCI semantics, no eval), written
+    as Apptainer writes a definition file's %runscript (`#!/bin/sh`, a blank line, the section's
+    lines as the file holds them): for envbuilder's images the very bytes of Apptainer's build."""
+    return "#!/bin/sh\n\n" + "".join(f"    {line}\n" for line in oci_runscript(config.entrypoint, config.cmd))
 
 
 def test_script(suite_module: str, manifest: str) -> str:

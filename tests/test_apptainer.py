@@ -1,7 +1,9 @@
 """The definition file built by the real Apptainer (1.4.5, .ci/install-apptainer.sh), as a user
 builds it: unprivileged (the user `builder` of tools/apptainer-node, with --fakeroot), the local
-base read from the Docker engine (Bootstrap: docker-daemon), the CPU torch wheel bound from a
-wheelhouse and the network's CA bundle bound for %post, as the file's header says.
+base read from a `docker save` archive in the folder (`base_from: docker-archive`, Bootstrap:
+docker-archive: a build machine without Docker; the other presets' builds read theirs from the
+Docker engine, tests/apptainer_build.py), the CPU torch wheel bound from a wheelhouse and the
+network's CA bundle bound for %post, as the file's header says.
 
 cpu-torch-ddp (the cheapest preset with a framework: no compile): locked here with Docker, then
 `envbuilder build --engine apptainer` in the Apptainer container: its %test runs the smoke suite,
@@ -14,6 +16,7 @@ printed. A missing image of .ci/install-apptainer.sh skips (fails in CI)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -32,24 +35,33 @@ def built(tmp_path_factory):
     work = tmp_path_factory.mktemp("apptainer")
     out = work / "cpu-torch-ddp"
     wheels = wheelhouse()
-    r = run_envbuilder("lock", str(RECIPES / "cpu-torch-ddp.yaml"), "--out", str(out), "--wheelhouse", wheels,
+    spec = work / "cpu-torch-ddp.yaml"      # the preset, its base read from an archive of the folder
+    spec.write_text((RECIPES / "cpu-torch-ddp.yaml").read_text() + "base_from: docker-archive\n")
+    r = run_envbuilder("lock", str(spec), "--out", str(out), "--wheelhouse", wheels,
                        "--ca-bundle", CA_BUNDLE, timeout=900)
     assert r.code == 0, r.err[-2000:]
+    # the command the definition file's header prints for it, run where the image is
+    probe = run_envbuilder("build", str(spec), "--no-build", "--out", str(out))
+    assert probe.code == 0, probe.err
+    save = re.search(r"^#   (docker save \S+ -o (\S+))$", (out / "Apptainer.def").read_text(), re.M)
+    assert save and save.group(2) == "bases/local_debian_bookworm.docker.tar", save
+    (out / "bases").mkdir()
+    subprocess.run([docker_cli(), "save", base_image(), "-o", str(out / save.group(2))], check=True)
     own = work / "own" / "cpu-torch-ddp"     # the same lock, for the Dockerfile's image and envbuilder's .sif
     own.mkdir(parents=True)
     shutil.copy(out / "envbuilder.lock", own / "envbuilder.lock")
     chown_tree(work, BUILDER_UID)           # the folder is the unprivileged user's, as on a cluster
     t0 = time.time()
     b = in_apptainer_node([str(work), wheels], "python", "-m", "envbuilder", "build",
-                          str(RECIPES / "cpu-torch-ddp.yaml"), "--out", str(out), "--engine", "apptainer",
+                          str(spec), "--out", str(out), "--engine", "apptainer",
                           "--wheelhouse", wheels, "--ca-bundle", CA_BUNDLE, timeout=1800)
     build_s = time.time() - t0
-    yield work, out, b, build_s, own
+    yield work, out, b, build_s, own, spec
     print(f"\ncpu-torch-ddp: apptainer build (unprivileged, --fakeroot) {build_s:.0f} s")
 
 
 def test_apptainer_builds_the_definition_file_as_its_header_says(built):
-    work, out, b, _, _ = built
+    work, out, b, _, _, _ = built
     assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
     assert "Traceback" not in b.stderr
     sif = out / "cpu-torch-ddp.sif"
@@ -67,7 +79,7 @@ def test_apptainer_builds_the_definition_file_as_its_header_says(built):
 
 
 def test_the_sif_passes_verify_with_two_ranks_under_apptainer(built):
-    work, out, b, _, _ = built
+    work, out, b, _, _, _ = built
     assert b.returncode == 0, b.stderr[-2000:]
     sif = out / "cpu-torch-ddp.sif"
     v = in_apptainer_node([str(work)], "python", "-m", "envbuilder", "verify", str(out), "--image", str(sif),
@@ -81,7 +93,7 @@ def test_the_sif_passes_verify_with_two_ranks_under_apptainer(built):
 
 
 def test_apptainer_inspect_shows_the_specs_labels_and_no_secret(built):
-    work, out, b, _, _ = built
+    work, out, b, _, _, _ = built
     assert b.returncode == 0, b.stderr[-2000:]
     sif = out / "cpu-torch-ddp.sif"
     i = in_apptainer_node([str(work)], "apptainer", "inspect", "--labels", "--json", str(sif))
@@ -91,7 +103,7 @@ def test_apptainer_inspect_shows_the_specs_labels_and_no_secret(built):
     assert labels["org.opencontainers.image.title"] == "cpu-torch-ddp"
     assert labels["dev.envbuilder.spec-sha256"] == manifest["spec_sha256"]
     assert labels["org.label-schema.usage.apptainer.version"].startswith("1.4")
-    assert labels["org.label-schema.usage.singularity.deffile.bootstrap"] == "docker-daemon"
+    assert labels["org.label-schema.usage.singularity.deffile.bootstrap"] == "docker-archive"
     # the bind points stay, empty: the CA bundle and the wheels were bound, never copied in
     e = in_apptainer_node([str(work)], "apptainer", "exec", str(sif), "sh", "-c",
                           "test ! -s /run/secrets/ca && test ! -s /run/secrets/netrc && ls -A /wheelhouse | wc -l")
@@ -118,13 +130,13 @@ def test_envbuilders_own_sif_runs_under_apptainer_and_inspects_like_apptainers(b
     inspect` shows the spec's labels as for Apptainer's own build; both hold the same Python and OS
     packages, the same runscript (asserted: `apptainer run` does the same with both); what differs is
     printed (Apptainer's build labels, the environment scripts' text)."""
-    work, out, b, _, own = built
+    work, out, b, _, own, spec = built
     assert b.returncode == 0, b.stderr[-2000:]
-    probe = run_envbuilder("build", str(RECIPES / "cpu-torch-ddp.yaml"), "--no-build", "--out", str(own))
+    probe = run_envbuilder("build", str(spec), "--no-build", "--out", str(own))
     assert probe.code == 0, probe.err
     keep_for_run(json.loads((own / "manifest.json").read_text())["image"]["tag"])
     t0 = time.time()
-    r = run_envbuilder("build", str(RECIPES / "cpu-torch-ddp.yaml"), "--out", str(own), "--sif",
+    r = run_envbuilder("build", str(spec), "--out", str(own), "--sif",
                        "--wheelhouse", wheelhouse(), "--ca-bundle", CA_BUNDLE, timeout=1800)
     assert r.code == 0, r.err[-3000:]
     print(f"\nDockerfile build + envbuilder's .sif {time.time() - t0:.0f} s")

@@ -204,3 +204,72 @@ def test_no_build_with_a_wheelhouse_leaves_the_wheels_where_the_header_says(cli,
     bad = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "new"), "--no-build",
               "--wheelhouse", str(tmp_path / "missing"))
     assert bad.code == 2 and "--wheelhouse: no such folder" in bad.err and not (tmp_path / "new").exists()
+
+
+def _spec_reading_bases_from(tmp_path: Path, base_from: str) -> Path:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text((RECIPES / "cpu-torch-ddp.yaml").read_text() + f"base_from: {base_from}\n")
+    return spec
+
+
+def test_a_base_archive_the_folder_lacks_is_named_with_the_command_that_writes_it(cli, tmp_path):
+    """base_from: docker-archive: `build --engine apptainer` checks the folder holds the archive
+    the definition file reads before Apptainer is asked (exit 2, the file and the header's
+    command); with the archive written by that command (`docker save`, real), it goes on to
+    Apptainer (here: none installed, exit 1)."""
+    import subprocess
+
+    from infra import base_image, docker_cli
+
+    out = tmp_path / "out"
+    spec = _spec_reading_bases_from(tmp_path, "docker-archive")
+    r = cli("build", str(spec), "--out", str(out), "--engine", "apptainer")
+    assert r.code == 2, r.out + r.err
+    archive = out / "bases" / "local_debian_bookworm.docker.tar"
+    assert f"error: base_from: docker-archive: the base local/debian:bookworm is read from {archive}, which is " \
+           "missing" in r.err and "Traceback" not in r.err, r.err
+    assert f"fix: write it where the image is: docker save local/debian:bookworm -o " \
+           f"bases/local_debian_bookworm.docker.tar (in {out})" in r.err, r.err
+    assert "#   docker save local/debian:bookworm -o bases/local_debian_bookworm.docker.tar" in \
+        (out / "Apptainer.def").read_text()
+    if shutil.which("apptainer") or shutil.which("singularity"):
+        return
+    archive.parent.mkdir()
+    subprocess.run([docker_cli(), "save", base_image(), "-o", str(archive)], check=True)
+    r = cli("build", str(spec), "--out", str(out), "--engine", "apptainer")
+    assert r.code == 1 and "neither apptainer nor singularity is installed" in r.err, r.err
+
+
+def test_a_base_archive_of_another_image_than_the_locked_one_is_refused(tmp_path):
+    """A `docker save` archive holds the image's config under its ID: one that is not the image
+    the lock names for that base is refused, both IDs named; the locked one passes."""
+    import subprocess
+    from dataclasses import replace
+
+    import pytest
+
+    from envbuilder.engines.apptainer import check_base_archives
+    from envbuilder.errors import EnvbuilderError
+    from envbuilder.generate import generate
+    from envbuilder.lock.model import Lock
+    from envbuilder.spec.model import load_spec
+    from infra import base_image, docker_cli
+
+    stack = generate(load_spec(_spec_reading_bases_from(tmp_path, "docker-archive"))).stack
+    (tmp_path / "bases").mkdir()
+    subprocess.run([docker_cli(), "save", base_image(), "-o", str(tmp_path / "bases" / "local_debian_bookworm.docker.tar")],
+                   check=True)
+    image_id = subprocess.run([docker_cli(), "image", "inspect", base_image(), "--format", "{{.Id}}"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    entry = {"ref": "local/debian:bookworm", "kind": "image-id", "pinned": "local/debian:bookworm"}
+    good = replace(stack, lock=Lock("cpu-torch-ddp", {}, base={"devel": {**entry, "digest": image_id}}))
+    check_base_archives(tmp_path, good, "docker-archive")
+    bad = replace(stack, lock=Lock("cpu-torch-ddp", {}, base={"devel": {**entry, "digest": "sha256:" + "0" * 64}}))
+    with pytest.raises(EnvbuilderError) as err:
+        check_base_archives(tmp_path, bad, "docker-archive")
+    assert err.value.field == "base_from" and f"holds image {image_id[:19]}; the lock names sha256:000000000000" \
+        in str(err.value), str(err.value)
+    (tmp_path / "bases" / "local_debian_bookworm.docker.tar").write_text("not a tar")
+    with pytest.raises(EnvbuilderError) as err:
+        check_base_archives(tmp_path, good, "docker-archive")
+    assert "is not a readable docker-archive" in str(err.value)

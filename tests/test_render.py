@@ -303,3 +303,32 @@ def test_one_file_is_replaced_whole_or_left_as_it_was(tmp_path):
         write_atomic(target, 42)            # not text: nothing replaced, nothing left behind
     assert target.read_text() == "new\n"
     assert [p.name for p in target.parent.iterdir()] == ["report.json"]
+
+
+@pytest.mark.parametrize("base_from,bootstrap,source,header", [
+    (None, "docker-daemon", "local/debian:bookworm", None),
+    ("registry", "docker", "local/debian:bookworm", None),
+    ("docker-daemon", "docker-daemon", "local/debian:bookworm", None),
+    ("docker-archive", "docker-archive", "bases/local_debian_bookworm.docker.tar",
+     "#   docker save local/debian:bookworm -o bases/local_debian_bookworm.docker.tar"),
+    ("oci-archive", "oci-archive", "bases/local_debian_bookworm.oci.tar",
+     "#   skopeo copy docker-daemon:local/debian:bookworm oci-archive:bases/local_debian_bookworm.oci.tar"),
+])
+def test_the_spec_says_where_apptainer_reads_the_bases(tmp_path, base_from, bootstrap, source, header):
+    """base_from: every stage's Bootstrap:/From: as the spec asks (auto: a local/ base from the
+    Docker engine); an archive is a file of the folder, and the header prints the command that
+    writes it. The Dockerfile's FROM stays the image; auto keeps every file as before."""
+    from envbuilder.generate import generate
+    from envbuilder.spec.model import load_spec
+
+    spec = tmp_path / "spec.yaml"
+    text = (RECIPES / "cpu-torch-ddp.yaml").read_text()
+    spec.write_text(text + (f"base_from: {base_from}\n" if base_from else ""))
+    files = generate(load_spec(spec)).files
+    plain = generate(load_spec(RECIPES / "cpu-torch-ddp.yaml")).files
+    definition = files["Apptainer.def"].decode()
+    assert re.findall(r"^Bootstrap: (\S+)\nFrom: (\S+)$", definition, re.M) == [(bootstrap, source)] * 2
+    assert (header in definition) if header else "Bases from archives" not in definition
+    assert b"bases/" not in files["Dockerfile"] and b"FROM local/debian:bookworm AS devel" in files["Dockerfile"]
+    if base_from in (None, "auto"):
+        assert files == plain

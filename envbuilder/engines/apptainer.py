@@ -9,15 +9,18 @@ Without the binary, the command it would run is part of the message."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shlex
 import shutil
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
 from ..errors import CheckFailed, EnvbuilderError
+from ..render.apptainer import ARCHIVES, archive_commands, archive_name
 from ..render.common import CA_SECRET, NETRC_SECRET, WHEELHOUSE
 from .context import check_inputs
 from .options import BuildOptions
@@ -70,6 +73,56 @@ def check_unprivileged(uid: int, user: str, etc: Path = Path("/etc")) -> None:
     check_subids("apptainer --fakeroot", user, uid, etc)
 
 
+def _archive_image_id(path: Path, kind: str) -> str | None:
+    """The image ID (its config's digest) of the one image a `docker save` or OCI archive holds;
+    None when the archive names none it can be read from."""
+    with tarfile.open(path) as tar:
+        def member_json(name: str):
+            try:
+                fh = tar.extractfile(name)
+            except KeyError:
+                return None
+            return json.load(fh) if fh else None
+
+        if kind == "docker-archive":
+            manifest = member_json("manifest.json")
+            config = manifest[0].get("Config", "") if isinstance(manifest, list) and manifest else ""
+            hexid = config.removeprefix("blobs/sha256/").removesuffix(".json")
+        else:
+            index = member_json("index.json")
+            digests = [m.get("digest", "") for m in (index or {}).get("manifests", []) if isinstance(m, dict)]
+            manifest = member_json("blobs/sha256/" + digests[0].removeprefix("sha256:")) if digests else None
+            hexid = ((manifest or {}).get("config") or {}).get("digest", "").removeprefix("sha256:")
+    return f"sha256:{hexid}" if len(hexid) == 64 else None
+
+
+def check_base_archives(folder: Path, stack, base_from: str) -> None:
+    """base_from docker-archive / oci-archive: each base's archive is in the folder before Apptainer
+    is started; a `docker save` archive must hold the image the lock names (a local base's image
+    ID: its config's digest). An OCI archive's config is written anew by the tool that wrote it
+    (`buildah push` of the same image gave another digest here), so there is no ID to compare."""
+    if base_from not in ARCHIVES:
+        return
+    entries = (stack.lock.base if stack.lock else {}) or {}
+    locked = {e.get("ref"): e for e in entries.values() if isinstance(e, dict)}
+    for ref in dict.fromkeys((stack.base, stack.runtime_base)):
+        path = folder / archive_name(ref, base_from)
+        if not path.is_file():
+            raise EnvbuilderError("base_from", f"{base_from}: the base {ref} is read from {path}, which is missing",
+                                  f"write it where the image is: {archive_commands(ref, base_from)} (in {folder})")
+        try:
+            found = _archive_image_id(path, base_from)
+        except (tarfile.TarError, OSError, ValueError, AttributeError) as exc:
+            raise EnvbuilderError("base_from", f"{path} is not a readable {base_from}: {exc}",
+                                  f"write it again: {archive_commands(ref, base_from)}") from None
+        entry = locked.get(ref)
+        if base_from == "docker-archive" and entry and entry.get("kind") == "image-id" and found != entry.get("digest"):
+            raise EnvbuilderError("base_from", f"{path} holds image {(found or 'none')[:19]}; the lock names "
+                                  f"{str(entry.get('digest'))[:19]} for {ref}",
+                                  f"write it again from the locked image: {archive_commands(ref, base_from)}, or "
+                                  "re-lock: envbuilder lock SPEC --update base")
+
+
 def _shown(folder: Path, cmd: list[str]) -> str:
     return f"cd {shlex.quote(str(folder))} && {' '.join(shlex.quote(c) for c in cmd)}"
 
@@ -84,6 +137,7 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     if opts.netrc and not Path(opts.netrc).is_file():
         raise EnvbuilderError("--netrc", f"no such file: {opts.netrc}",
                               "give a netrc file: machine HOST login USER password TOKEN")
+    check_base_archives(folder, output.stack, output.stack.spec.base_from)
     uid = os.geteuid()
     binary = find_binary()
     cmd = apptainer_command(output, opts, binary or "apptainer", fakeroot=uid != 0)

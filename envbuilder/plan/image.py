@@ -57,6 +57,7 @@ class Plan:
     expect: dict = field(default_factory=dict)      # what the image promises (manifest.json's
                                                     # expect, the smoke suite checks it)
     horovod_patches: tuple[str, ...] = ()           # the catalog's source fixes applied to Horovod
+    base_from: str = "auto"                         # how Apptainer.def's build reads the bases (spec)
 
     @property
     def final(self) -> Stage:

@@ -3,17 +3,39 @@
 from __future__ import annotations
 
 import posixpath
+import re
 
 from ..plan.image import Copy, Plan, Step
 from ..quoting import apptainer_export, apptainer_line, apptainer_text, image_ref, oci_runscript, shell_words
 from .common import CA_SECRET, NETRC_SECRET, WHEELHOUSE, export_line, header, network_setup
 
 
-def _bootstrap(base: str) -> tuple[str, str]:
-    # Images made locally live only in the Docker engine: Apptainer reads them from the daemon.
-    if base.startswith("local/"):
-        return "docker-daemon", base
-    return "docker", base
+# the spec's base_from -> Apptainer's bootstrap agent; an archive is a file of the output folder
+ARCHIVES = {"docker-archive": ".docker.tar", "oci-archive": ".oci.tar"}
+BASES_FOLDER = "bases"
+
+
+def archive_name(ref: str, kind: str) -> str:
+    """The file, relative to the output folder, that holds the base REF for BOOTSTRAP kind."""
+    return f"{BASES_FOLDER}/{re.sub(r'[^A-Za-z0-9._-]+', '_', ref)}{ARCHIVES[kind]}"
+
+
+def base_source(ref: str, base_from: str) -> tuple[str, str]:
+    """(Bootstrap:, From:) for the base REF. auto: images made locally live only in the Docker
+    engine, so Apptainer reads them from the daemon; others come from their registry."""
+    if base_from == "auto":
+        base_from = "docker-daemon" if ref.startswith("local/") else "registry"
+    if base_from in ARCHIVES:
+        return base_from, archive_name(ref, base_from)
+    return ("docker", ref) if base_from == "registry" else (base_from, ref)
+
+
+def archive_commands(ref: str, kind: str) -> str:
+    """How to write the archive of REF on a machine that has the image (or reaches its registry)."""
+    dest = archive_name(ref, kind)
+    if kind == "docker-archive":
+        return f"docker save {ref} -o {dest}"
+    return f"skopeo copy docker-daemon:{ref} oci-archive:{dest}   (from a registry: docker://{ref})"
 
 
 def _post(steps: list[Step], drop_wheelhouse: bool) -> list[str]:
@@ -73,6 +95,16 @@ def _files(copies: list[Copy]) -> list[str]:
     return lines
 
 
+def _archive_lines(plan: Plan) -> list[str]:
+    kinds = {base_source(stage.base, plan.base_from)[0] for stage in plan.stages}
+    kind = next((k for k in kinds if k in ARCHIVES), None)
+    if kind is None:
+        return []
+    bases = list(dict.fromkeys(image_ref(stage.base) for stage in plan.stages))
+    return [f"Bases from archives in this folder (base_from: {kind}); write them first, where the image is:",
+            *(f"  {apptainer_line(archive_commands(ref, kind))}" for ref in bases)]
+
+
 def render_apptainer(plan: Plan, spec_sha: str) -> str:
     out = header("#", f"Apptainer/Singularity definition file for {plan.name}", spec_sha, [
         "",
@@ -85,12 +117,13 @@ def render_apptainer(plan: Plan, spec_sha: str) -> str:
         f"  a TLS-intercepting proxy's CA:     --bind /etc/ssl/certs/ca-certificates.crt:{CA_SECRET}:ro",
         f"  a private pip index's login:       --bind NETRC_FILE:{NETRC_SECRET}:ro",
         f"  e.g. apptainer build --bind /etc/ssl/certs/ca-certificates.crt:{CA_SECRET}:ro {plan.name}.sif Apptainer.def",
+        *_archive_lines(plan),
     ])
     multi = len(plan.stages) > 1
     for stage in plan.stages:
         last = stage is plan.final
-        bootstrap, ref = _bootstrap(stage.base)
-        out += ["", f"Bootstrap: {bootstrap}", f"From: {image_ref(ref)}"]
+        bootstrap, source = base_source(image_ref(stage.base), plan.base_from)
+        out += ["", f"Bootstrap: {bootstrap}", f"From: {source}"]
         if multi:
             out.append(f"Stage: {stage.name}")
         out.append("")

@@ -160,6 +160,7 @@ class Spec:
     base: str | None = None
     runtime_base: str | None = None
     base_os: str | None = None
+    base_from: str = "auto"
     targets: tuple[str, ...] = ("docker", "apptainer")
     env: tuple[tuple[str, str], ...] = ()
     cluster: Cluster = field(default_factory=Cluster)
@@ -212,7 +213,7 @@ class Spec:
         return out
 
     def _later_keys(self) -> dict:
-        """distributed and arch: in the canonical form only when the spec says more than the
+        """distributed, arch and base_from: in the canonical form only when the spec says more than the
         defaults, so that existing specs keep their hash (and their image tags)."""
         out = {}
         d = self.distributed
@@ -220,6 +221,8 @@ class Spec:
             out["distributed"] = _drop_none(vars(d))
         if self.arch:
             out["arch"] = self.arch
+        if self.base_from != "auto":
+            out["base_from"] = self.base_from
         return out
 
     def sha256(self) -> str:
@@ -298,6 +301,7 @@ def spec_from_doc(doc: SourceDoc) -> Spec:
         base=data.get("base"),
         runtime_base=data.get("runtime_base"),
         base_os=data.get("base_os"),
+        base_from=data.get("base_from") or "auto",
         targets=tuple(data.get("targets") or ("docker", "apptainer")),
         env=tuple(sorted((data.get("env") or {}).items())),
         cluster=cluster_from_data(cl),

@@ -73,6 +73,8 @@ def strlist(doc, **kw):
 
 FRAMEWORKS = ("tensorflow", "tensorflow-cpu", "intel-tensorflow", "pytorch")
 HOROVOD_OPS = ("nccl", "mpi", "gloo")
+# how Apptainer.def reaches its bases: render/apptainer.py's base_source
+BASE_FROM = ("auto", "registry", "docker-daemon", "docker-archive", "oci-archive")
 RUNTIMES = JOB_RUNTIMES     # the registry in runtimes/__init__.py decides which exist
 MONITORS = ("tensorboard", "timeline")
 LOCAL_CLEANUPS = ("job", "epilog", "slurm")   # who removes the node-local folder (render/sbatch_sections/nodelocal.py)
@@ -173,6 +175,11 @@ SPEC_FIELDS: dict[str, Field] = {
                       example="ubuntu:22.04"),
     "base_os": s("OS of a base image envbuilder does not know (e.g. debian-bookworm, ubuntu22.04).",
                  pattern=OS_RE, pattern_hint="lower-case letters, digits, '.' and '-'", example="ubuntu22.04"),
+    "base_from": s("Where Apptainer.def's build reads its base images (Bootstrap:): auto (a local/ base from the "
+                   "Docker engine, others from their registry), registry, docker-daemon, or an archive file in "
+                   "the output folder's bases/ (docker-archive: `docker save`; oci-archive: `skopeo copy`), "
+                   "named in the file's header, for a build machine with neither Docker nor the registry.",
+                   enum=BASE_FROM, default="auto", example="docker-archive"),
     "targets": Field("list", "Recipes to write (sif: also <name>.sif from the built Docker image, as "
                      "`build --sif`).", items=Field("string", "target", enum=("docker", "apptainer", "sif")),
                      default=["docker", "apptainer"]),

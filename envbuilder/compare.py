@@ -171,16 +171,20 @@ def _from_docker(ref: str, docker: str) -> Contents:
 
 
 def _from_sif(path: Path) -> Contents:
+    """Only the primary SquashFS partition is read: Apptainer's .sif has no envbuilder objects
+    (labels, SBOM), so verify's structure check, which asks for them, is not this one."""
     from .sif import check, layout
 
     out = Contents(str(path), "sif")
+    fix = "give a .sif made by `apptainer build` or `envbuilder build --sif`, or an image tag"
     try:
-        layout.read(path)
+        _, descriptors = layout.read(path)
     except layout.NotSif as exc:
-        raise EnvbuilderError("IMAGE", str(exc), "give a .sif made by `apptainer build` or "
-                              "`envbuilder build --sif`, or an image tag") from None
-    part = check.structure(path)["partition"]
-    with check.mounted(path, part["offset"]) as root:
+        raise EnvbuilderError("IMAGE", str(exc), fix) from None
+    part = layout.primary_partition(descriptors)
+    if part is None or part.fstype != layout.FS_SQUASH:
+        raise EnvbuilderError("IMAGE", f"{path} has no SquashFS system partition to read", fix)
+    with check.mounted(path, part.offset) as root:
         _walk(root, out)
     return out
 

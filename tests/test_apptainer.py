@@ -153,7 +153,7 @@ def test_envbuilders_own_sif_runs_under_apptainer_and_inspects_like_apptainers(b
     print(f"Python packages: {diff['python']['same']} the same, OS packages: {diff['dpkg']['same']} the same; files: "
           f"{diff['files']['same']} the same, only in Apptainer's: {[x['path'] for x in diff['files']['only_a']]}, "
           f"only in envbuilder's: {[x['path'] for x in diff['files']['only_b']]}, "
-          f"differ: {[x['path'] for x in diff['files']['differ']][:20]}")
+          f"{len(diff['files']['differ'])} differ, the first: {[(x['path'], x['what']) for x in diff['files']['differ']][:12]}")
     assert diff["same_packages"] is True and diff["a"]["from"] == diff["b"]["from"] == "sif"
     assert diff["python"]["same"] >= 10 and diff["dpkg"]["same"] >= 100, diff
     a, o = inspect(work, theirs), inspect(work, mine)

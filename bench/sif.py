@@ -42,14 +42,18 @@ GZIP_DEFAULT_LEVEL = 9                 # no options stored: mksquashfs's and tar
 
 
 def squashfs_facts(sif: Path) -> dict:
-    """Inodes, block size and gzip level from the SIF's primary partition's super block."""
+    """Inodes, block size and gzip level of the SIF's primary partition."""
     _header, descriptors = layout.read(sif)
     part = layout.primary_partition(descriptors)
     if part is None:
         return {}
     with open(sif, "rb") as fh:
         fh.seek(part.offset)
-        raw = fh.read(96 + 2 + 8)
+        return super_block_facts(fh.read(96 + 2 + 8))
+
+
+def super_block_facts(raw: bytes) -> dict:
+    """The same from the first bytes of a SquashFS (its 96-byte super block and what follows)."""
     magic, inodes, _mtime, block_size, _frags, comp, _log, flags = struct.unpack_from("<IIIIIHHH", raw)
     if magic != SQUASHFS_MAGIC:
         return {}
@@ -57,8 +61,8 @@ def squashfs_facts(sif: Path) -> dict:
     if comp == GZIP:
         level = GZIP_DEFAULT_LEVEL
         if flags & COMP_OPTIONS:
-            # one uncompressed metadata block after the 96-byte super block: a 16-bit length
-            # (bit 15 set: stored as is), then the level as a 32-bit number
+            # one uncompressed metadata block after the super block: a 16-bit length (bit 15
+            # set: stored as is), then gzip's options, the level first as a 32-bit number
             (length,) = struct.unpack_from("<H", raw, 96)
             if length & 0x8000:
                 (level,) = struct.unpack_from("<I", raw, 98)

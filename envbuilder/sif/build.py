@@ -43,8 +43,7 @@ FILE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")     # a plain fil
 # `mksquashfs ROOTFS DEST -noappend -all-root` and so gets mksquashfs's defaults: gzip level 9,
 # 128 KiB blocks (`mksquashfs -help`: "-Xcompression-level ... (default 9)"; `unsquashfs -s` of
 # its SIF's partition shows gzip, block size 131072 and no compressor options, i.e. the default).
-# Measured with
-# tar2sqfs on the cpu-torch-horovod image's tree (1.21 GB of files; docs/benchmarks.md, bench/sif.py):
+# Measured with tar2sqfs on the cpu-torch-horovod image's tree (1.21 GB of files; docs/benchmarks.md):
 #   level 1, 128 KiB: 407.0 MB, 15 s CPU (what envbuilder wrote before: 13 % over Apptainer's 360.2)
 #   level 6, 128 KiB: 362.6 MB, 46 s     level 9, 128 KiB: 360.1 MB, 140 s
 #   level 6, 256 KiB: 358.8 MB, 46 s     <- this: smaller than Apptainer's at a third of level 9's CPU

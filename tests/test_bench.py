@@ -213,3 +213,40 @@ def test_horovod_build_type_table_gives_each_build_its_ratio_to_relwithdebinfo()
     assert lines[0].startswith("| framework | build | seconds (each run) | mean s | ratio to RelWithDebInfo |")
     assert "| pytorch 2.13.0+cpu | RelWithDebInfo | 200.0, 210.0 | 205 | 1.00 | 65.5 | 2.27 |" in lines
     assert "| pytorch 2.13.0+cpu | Release | 160.0, 170.0 | 165 | 0.80 | 2.3 | 2.27 |" in lines
+
+
+def test_sif_table_gives_each_way_its_figures_and_envbuilder_over_apptainer():
+    spec = importlib.util.spec_from_file_location("bench_sif", ROOT / "bench" / "sif.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    way = {"inodes": 35_339, "compressor": "gzip", "runs": True}
+    rows = [{"image": "envbuilder/x:1", "image_bytes": 1_210_000_000,
+             "envbuilder": {**way, "seconds": 30.0, "cpu_s": 60.0, "bytes": 358_800_000, "block_size": 262_144,
+                            "level": 6},
+             "apptainer": {**way, "seconds": 120.0, "cpu_s": 200.0, "bytes": 360_300_000, "block_size": 131_072,
+                           "level": 9, "runs": False}}]
+    lines = module.table(rows)
+    assert lines[0].startswith("| image | image MB | way | seconds | CPU s | SIF MB |")
+    assert "| envbuilder/x:1 | 1210 | envbuilder `sif` | 30.0 | 60.0 | 358.8 | 35339 | 256 KiB | 6 | yes |" in lines
+    assert "| envbuilder/x:1 | 1210 | `apptainer build` | 120.0 | 200.0 | 360.3 | 35339 | 128 KiB | 9 | NO |" in lines
+    assert "| envbuilder/x:1 | | **envbuilder / Apptainer** | **0.25** | **0.30** | **0.996** | | | | |" in lines
+
+
+def test_sif_bench_reads_the_gzip_level_from_the_squashfs_super_block():
+    """No compressor options in the super block means gzip's default, 9 (as Apptainer's SIFs);
+    stored options give their level (as envbuilder's tar2sqfs writes them)."""
+    import struct
+
+    spec = importlib.util.spec_from_file_location("bench_sif", ROOT / "bench" / "sif.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def super_block(flags: int, options: bytes) -> bytes:
+        head = struct.pack("<IIIIIHHH", module.SQUASHFS_MAGIC, 7, 0, 262_144, 0, module.GZIP, 18, flags)
+        return (head.ljust(96, b"\0") + options).ljust(106, b"\0")
+
+    assert module.super_block_facts(super_block(0, b"")) == {
+        "inodes": 7, "block_size": 262_144, "compressor": "gzip", "level": 9}
+    assert module.super_block_facts(super_block(module.COMP_OPTIONS, struct.pack("<HIHH", 0x8008, 6, 15, 0))) == {
+        "inodes": 7, "block_size": 262_144, "compressor": "gzip", "level": 6}
+    assert module.super_block_facts(bytes(106)) == {}

@@ -39,6 +39,32 @@ ROOM_FACTOR = 2.0        # the saved archive and the SquashFS, side by side
 FILE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")     # a plain file name
 
 
+# The SquashFS's compression. Apptainer (1.4.5, internal/pkg/build/assemblers/sif.go) runs
+# `mksquashfs ROOTFS DEST -noappend -all-root` and so gets mksquashfs's defaults: gzip level 9,
+# 128 KiB blocks (`mksquashfs -help`: "-Xcompression-level ... (default 9)"; `unsquashfs -s` of
+# its SIF's partition shows gzip, block size 131072 and no compressor options, i.e. the default).
+# Measured with tar2sqfs on the cpu-torch-horovod image's tree (1.21 GB of files; docs/benchmarks.md):
+#   level 1, 128 KiB: 407.0 MB, 15 s CPU (what envbuilder wrote before: 13 % over Apptainer's 360.2)
+#   level 6, 128 KiB: 362.6 MB, 46 s     level 9, 128 KiB: 360.1 MB, 140 s
+#   level 6, 256 KiB: 358.8 MB, 46 s     <- this: smaller than Apptainer's at a third of level 9's CPU
+# Both SIFs hold the same files (35,339 inodes, 1,207.9 MB); the whole gap was the level. A
+# 256 KiB block lets deflate find matches over twice the data before it starts again; a read
+# decompresses at most one block, so random reads cost a little more (the kernel and squashfuse
+# read blocks up to 1 MiB).
+GZIP_LEVEL = 6
+BLOCK_SIZE = 256 << 10
+
+
+def jobs() -> int:
+    """Compressor threads: the CPUs this process may use, as mksquashfs (Apptainer's) takes them
+    all. tar2sqfs writes the blocks in order whatever the thread count (measured: -j 1 and -j 2
+    gave the same sha256 for the 359 MB SquashFS above), so the SIF stays bit-identical."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:                         # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def require_tools(names=("tar2sqfs", "siftool")) -> dict[str, str]:
     found = {}
     for name in names:
@@ -111,14 +137,14 @@ def check_room(folder: Path, need: int) -> None:
 
 def squashfs(tar2sqfs: str, tree: layers.Tree, layer_file, dest: Path, epoch: int) -> None:
     """TREE -> DEST through tar2sqfs (squashfs-tools-ng), fed one tar stream on its stdin.
-    gzip: Apptainer's default (assemblers/sif.go), readable by every kernel and squashfuse;
-    level 1 instead of 9: 8x less CPU for 8 % more bytes (measured with mksquashfs on the Debian
-    base: 2.2 s vs 17.4 s user, 51.8 vs 47.7 MB). Every time is EPOCH (the stream's and
-    --defaults' mtime, which is also the super block's), one compressor job (the same bytes
-    every run), owners and modes from the stream, xattrs dropped (as mksquashfs -no-xattrs did);
-    --no-skip: a record tar2sqfs cannot read is an error, not a missing file."""
-    cmd = [tar2sqfs, "--quiet", "--no-skip", "--no-xattr", "--compressor", "gzip", "--comp-extra", "level=1",
-           "--num-jobs", "1", "--defaults", f"uid=0,gid=0,mode=0755,mtime={epoch}", str(dest)]
+    gzip, as Apptainer's SIFs (readable by every kernel and squashfuse); level and block size as
+    GZIP_LEVEL and BLOCK_SIZE say; compressor jobs: JOBS. Every time is EPOCH (the stream's and
+    --defaults' mtime, which is also the super block's), owners and modes from the stream, xattrs
+    dropped (as mksquashfs -no-xattrs did); --no-skip: a record tar2sqfs cannot read is an error,
+    not a missing file."""
+    cmd = [tar2sqfs, "--quiet", "--no-skip", "--no-xattr", "--compressor", "gzip",
+           "--comp-extra", f"level={GZIP_LEVEL}", "--block-size", str(BLOCK_SIZE),
+           "--num-jobs", str(jobs()), "--defaults", f"uid=0,gid=0,mode=0755,mtime={epoch}", str(dest)]
     errfile = tempfile.TemporaryFile()
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errfile)
     try:

@@ -30,7 +30,7 @@ from infra import (APPTAINER_CLUSTER_ROOT, apptainer_sbatch_until_done, base_ima
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 ROOT = Path(APPTAINER_CLUSTER_ROOT)
-SITE = ("--site", "apptainer-cluster")
+SITE = ("--site", "minicluster-apptainer")
 BUILDER_UID = 1000          # the user of .ci/install-apptainer.sh's image, who submits
 TWO_BY_TWO = ("--nodes=2", "--ntasks-per-node=2")
 

@@ -10,7 +10,8 @@ folder. Covered: the smoke suite as job.sbatch runs it with no command, 2 nodes 
 over MPI and over Gloo; the same .sif through `singularity` (Debian's package installs the name),
 a Horovod allreduce across the 4 ranks, with the time from submission to all ranks up; the
 --cleanenv/--containall trap reproduced with Apptainer itself (every rank "rank 0 of 1") and named
-by job.sbatch before any rank; the node-local folders removed after scancel."""
+by job.sbatch before any rank; the node-local folders removed after scancel. With
+ENVBUILDER_LONG_BUILDS=1 also cpu-torch-ddp's smoke suite (torch.distributed) on 2 nodes x 2."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import (APPTAINER_CLUSTER_ROOT, apptainer_sbatch_until_done, base_image, keep_for_run, on_apptainer_login,
-                   require_apptainer_cluster, wheelhouse)
+from infra import (APPTAINER_CLUSTER_ROOT, apptainer_sbatch_until_done, base_image, keep_for_run, long_build,
+                   on_apptainer_login, require_apptainer_cluster, wheelhouse)
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 ROOT = Path(APPTAINER_CLUSTER_ROOT)
@@ -202,3 +203,34 @@ def wait_for(what, seconds: float, step: float = 0.5) -> bool:
             return True
         time.sleep(step)
     return bool(what())
+
+
+@pytest.fixture(scope="module")
+def ddp_sif(ac_shared):
+    """cpu-torch-ddp (torch.distributed, no MPI) built with the cluster's site (its own tag: the
+    "cluster" group's image of the preset is not rebuilt) and written as a .sif."""
+    base_image()
+    out = ac_shared / "cpu-torch-ddp"
+    probe = run_envbuilder("build", str(RECIPES / "cpu-torch-ddp.yaml"), *SITE, "--no-build", "--out", str(out))
+    assert probe.code == 0, probe.err
+    keep_for_run(json.loads((out / "manifest.json").read_text())["image"]["tag"])
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch-ddp.yaml"), *SITE, "--out", str(out), "--sif",
+                       "--ca-bundle", CA_BUNDLE, "--wheelhouse", wheelhouse(), timeout=2400)
+    assert r.code == 0, r.err[-3000:]
+    chown_tree(out, BUILDER_UID)
+    return out
+
+
+@long_build
+def test_torch_distributed_smoke_suite_on_two_nodes_through_apptainer(ddp_sif):
+    """DDP across 2 nodes x 2 ranks under Apptainer (Gloo, rendezvous at the first node's fabric
+    address). Outside CI's budget (another .sif and job, about 100 s): ENVBUILDER_LONG_BUILDS=1."""
+    code, job_id, log, wall = sbatch(ddp_sif, *TWO_BY_TWO, timeout=600)
+    assert code == 0, log[-4000:]
+    summary = re.search(r"^(\d+) passed, (\d+) failed, (\d+) skipped in ([\d.]+) s$", log, re.M)
+    assert summary and summary.group(2) == "0", log[-4000:]
+    for line in (r"dist\.init\[torch\] +PASS +4 ranks, gloo", r"dist\.collectives\[torch\] +PASS +\d+ cases exact",
+                 r"train\.ddp\[torch\] +PASS +loss"):
+        assert re.search(line, log), (line, log[-4000:])
+    print(f"apptainer, smoke suite 2x2 (torch.distributed): {summary.group(1)} passed in {summary.group(4)} s, "
+          f"job {wall:.0f} s from submission to its end")

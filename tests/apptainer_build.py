@@ -7,6 +7,7 @@ tests/test_distributed_tf.py; tests/test_apptainer.py has cpu-torch-ddp's and th
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -59,7 +60,7 @@ def built_by_apptainer_verified_and_compared(recipe: Path, locked: Path, docker_
     compared with DOCKER_TAG (the same Python and OS packages); the .sif removed after. Returns a
     line of figures."""
     out, b, build_s = apptainer_build(recipe, locked / "envbuilder.lock", work, *extra)
-    sif = out / f"{recipe.stem}.sif"
+    sif = out / f"{json.loads((locked / 'manifest.json').read_text())['name']}.sif"     # the spec's name
     try:
         assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
         assert "Traceback" not in b.stderr

@@ -98,8 +98,10 @@ WORKER_GROUPS = {
     # converts and test_distributed_ddp and test_apptainer (its .sif) build
     "cluster": ("test_multinode", "test_mpi_multinode", "test_mpi_pypi", "test_mpi_abi", "test_mpi_horovod",
                 "test_tf_config", "test_distributed_ddp", "test_apptainer"),
-    # the cpu-torch image: built by each of these, converted by test_slurm_jobs and test_sif
-    "cpu-torch": ("test_build_verify", "test_sif", "test_slurm_jobs", "test_apptainer_presets"),
+    # the cpu-torch image: built by each of these, converted by test_slurm_jobs and test_sif;
+    # test_apptainer_jobs builds it with its cluster's site (another tag, the same cached layers)
+    # and runs it on tools/minicluster --flavor apptainer, not on the "cluster" group's nodes
+    "cpu-torch": ("test_build_verify", "test_sif", "test_slurm_jobs", "test_apptainer_presets", "test_apptainer_jobs"),
 }
 LONGEST_FIRST = ("test_intel_tf", "cluster", "cpu-torch", "test_buildah_engine", "test_login_node",
                  "test_distributed_tf", "test_lock_build", "test_smoke_suite", "test_lock")

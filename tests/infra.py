@@ -266,6 +266,58 @@ def require_minicluster() -> dict:
     return {"SLURM_CONF": f"{MINICLUSTER_ROOT}/etc/slurm.conf"}
 
 
+# --------------------------------------------------------------------------- the Apptainer cluster
+APPTAINER_CLUSTER_ROOT = "/var/lib/envbuilder-apptainer-cluster"
+_MINICLUSTER = Path(__file__).resolve().parent.parent / "tools" / "minicluster"
+
+
+def require_apptainer_cluster() -> None:
+    """The 2-node cluster of `tools/minicluster --flavor apptainer` (Debian 13, Slurm 24.11, real
+    Apptainer): skips, or fails under ENVBUILDER_REQUIRE_ENGINES=1, when it is not up."""
+    proc = subprocess.run(["bash", str(_MINICLUSTER), "--flavor", "apptainer", "status"], capture_output=True,
+                          text=True, timeout=60)
+    if proc.returncode != 0:
+        _unavailable("The Apptainer cluster", (proc.stderr or proc.stdout).strip()[-300:],
+                     "run tools/minicluster --flavor apptainer start (.ci/setup does)")
+
+
+def on_apptainer_login(argv: list[str], cwd: Path, timeout: float = 60,
+                       env: dict | None = None) -> subprocess.CompletedProcess:
+    """ARGV as the user builder on the Apptainer cluster's login node (its controller), in CWD
+    (a folder of its shared file system), with ENV added: this machine's Slurm 22.05 cannot talk
+    to its Slurm 24.11."""
+    extra = ["env", *(f"{k}={v}" for k, v in (env or {}).items())] if env else []
+    return subprocess.run(["bash", str(_MINICLUSTER), "--flavor", "apptainer", "exec", "-w", str(cwd),
+                           *extra, *argv], capture_output=True, text=True, timeout=timeout)
+
+
+def apptainer_sbatch_until_done(argv: list[str], cwd: Path, env: dict | None = None,
+                                timeout: float = 300) -> tuple[int, str, str]:
+    """sbatch_until_done on the Apptainer cluster, as builder: (exit code, job id, sbatch's stderr)."""
+    import time
+
+    from envbuilder.verify.slurm import DONE_STATES, job_records
+
+    proc = on_apptainer_login(["sbatch", "--parsable", *argv], cwd, env=env)
+    job_id = proc.stdout.strip().split(";")[0]
+    if proc.returncode != 0 or not job_id:
+        return proc.returncode or 1, job_id, proc.stderr
+    deadline = time.monotonic() + timeout
+    while True:
+        show = on_apptainer_login(["scontrol", "show", "job", "-o", job_id], cwd)
+        records = job_records(show.stdout)
+        if show.returncode == 0 and records and all(r.get("JobState") in DONE_STATES for r in records):
+            codes = []
+            for r in records:
+                status, signal = (int(x) for x in r.get("ExitCode", "0:0").split(":"))
+                codes.append(1 if signal else status)
+            return max(codes), job_id, proc.stderr
+        if time.monotonic() > deadline:
+            on_apptainer_login(["scancel", job_id], cwd)
+            raise subprocess.TimeoutExpired(["sbatch", *argv], timeout)
+        time.sleep(0.5)
+
+
 # --------------------------------------------------------------------------- another user's envbuilder
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -70,8 +70,11 @@ def test_apptainer_runs_each_rank_in_the_image_with_gpus_and_checked_binds(write
     assert 'launch=(apptainer exec --nv --home "$HOME" "${runtime_args[@]}" "$IMAGE")' in text
     assert 'runtime_args+=(--bind "$b")' in text
     assert "srun --mpi=pmix --kill-on-bad-exit=1 --gpu-bind=none" in text
-    assert "--cleanenv" not in text.replace("No --cleanenv", "") and "--containall" not in \
-        text.replace("--cleanenv/--containall", "")
+    # never --cleanenv/--containall on the command line; set in the environment, the job stops
+    # before any rank naming it (real Apptainer: tests/test_apptainer_jobs.py)
+    assert [line for line in text.splitlines() if " exec " in line and ("--cleanenv" in line or "--containall" in line)
+            and not line.lstrip().startswith("#")] == []
+    assert "for v in APPTAINER_CLEANENV APPTAINER_CONTAINALL SINGULARITY_CLEANENV SINGULARITY_CONTAINALL; do" in text
     # bind sources with spaces and quotes are quoted once, for the shell
     assert "add_bind '/data/my set:/data:ro' cluster.binds" in text
     assert "add_bind '/scratch/it'\"'\"'s here' cluster.binds" in text
@@ -358,3 +361,43 @@ def test_pmix_modules_every_client_has_are_chosen_in_the_image_only_under_pmix(t
     assert run(PMIX_SECURITY_MODE="munge", PMIX_GDS_MODULE="ds21") == "unset unset"
     assert run(PMIX_SECURITY_MODE="native", PMIX_MCA_psec="none", PMIX_GDS_MODULE="hash", PMIX_MCA_gds="ds12") == "none ds12"
     assert run() == "unset unset"
+
+
+@pytest.mark.parametrize("runtime,var,value,stops", [
+    ("apptainer", "APPTAINER_CLEANENV", "1", True),
+    ("apptainer", "APPTAINER_CONTAINALL", "true", True),
+    ("singularity", "SINGULARITY_CLEANENV", "yes", True),
+    ("apptainer", "APPTAINER_CLEANENV", "0", False),
+    ("apptainer", "APPTAINER_CLEANENV", "", False),
+])
+def test_a_cleanenv_or_containall_in_the_environment_stops_the_job_before_any_srun(tmp_path, runtime, var, value,
+                                                                                  stops):
+    """Apptainer reads --cleanenv/--containall from APPTAINER_* (and SINGULARITY_*) variables too;
+    with either every rank is rank 0 of 1 (real Apptainer on 2 nodes: tests/test_apptainer_jobs.py).
+    job.sbatch, run with a stub srun that records each call: such a variable stops it with exit 2
+    naming it and the fix, before any srun; a false or empty value does not."""
+    job = tmp_path / "job"
+    r = run_envbuilder_in_process("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(job),
+                                  "--runtime", runtime)
+    assert r.code == 0, r.err
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    calls = tmp_path / "srun-calls"
+    (stubs / "srun").write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    (stubs / "scontrol").write_text("#!/bin/sh\nexit 0\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    image = tmp_path / "x.sif"
+    image.write_bytes(b"")
+    env = {"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(tmp_path), "ENVBUILDER_DIR": str(job),
+           "ENVBUILDER_IMAGE": str(image), "ENVBUILDER_LOCAL": str(tmp_path / "local"), var: value}
+    proc = subprocess.run(["bash", str(job / "job.sbatch"), "python", "-c", "pass"], env=env, cwd=job,
+                          capture_output=True, text=True, timeout=60)
+    if stops:
+        what = "--containall" if "CONTAINALL" in var else "--cleanenv"
+        assert proc.returncode == 2, proc.stderr
+        assert (f"envbuilder: error: {runtime}: {var}={value} is set: {what}" in proc.stderr
+                and f"unset it for this job: env -u {var} sbatch job.sbatch" in proc.stderr), proc.stderr
+        assert not calls.exists()
+    else:         # past the check: the node set-up step is started (the stub then ends the job)
+        assert calls.is_file() and "is set:" not in proc.stderr, proc.stderr

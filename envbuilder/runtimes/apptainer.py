@@ -63,7 +63,25 @@ class Apptainer(Runtime):
         nv = " --nv" if gpu else ""
         return [
             "# No --cleanenv/--containall: srun's SLURM_*/PMIX_* variables must reach the ranks,",
-            "# and a private IPC namespace per rank would cut NCCL's shared-memory paths (F2, F4)",
+            "# and a private IPC namespace per rank would cut NCCL's shared-memory paths (F2, F4).",
+            "# Apptainer also takes both from the environment (APPTAINER_CLEANENV=1, or SINGULARITY_*",
+            "# under either name: a site module or a ~/.bashrc may set them). Run by hand with real",
+            "# Apptainer 1.4.5 on the test cluster, every rank of 2 nodes x 2 then said 'rank 0 of 1'",
+            "# in Horovod, and this script's ranks ended 'rank_main: command not found' (exit 127):",
+            "# named here, before any rank (tests/test_apptainer_jobs.py)",
+            "contained_env() {",
+            "    local v",
+            "    for v in APPTAINER_CLEANENV APPTAINER_CONTAINALL SINGULARITY_CLEANENV SINGULARITY_CONTAINALL; do",
+            '        case ${!v:-} in ""|0|f|F|false|False|FALSE) ;; *) echo "$v" ;; esac',
+            "    done",
+            "}",
+            "for v in $(contained_env); do",
+            '    case $v in *CONTAINALL) what="--containall (also a private /tmp and /dev/shm per rank)" ;;'
+            ' *) what="--cleanenv" ;; esac',
+            f'    die "{self.name}: $v=${{!v}} is set: $what drops the SLURM_* and PMIX_* variables of srun in every'
+            ' container, so each rank starts alone as rank 0 of 1 (a world of size 1) and MPI ranks never meet;'
+            ' unset it for this job: env -u $v sbatch job.sbatch"',
+            "done",
             f'launch=({self.name} exec{nv} --home "$HOME" "${{runtime_args[@]}}" "$IMAGE")',
         ]
 

@@ -273,3 +273,28 @@ def test_a_base_archive_of_another_image_than_the_locked_one_is_refused(tmp_path
     with pytest.raises(EnvbuilderError) as err:
         check_base_archives(tmp_path, good, "docker-archive")
     assert "is not a readable docker-archive" in str(err.value)
+
+
+def test_a_gpu_images_test_is_left_to_a_gpu_node_where_the_build_machine_has_none(tmp_path):
+    """%test runs the smoke suite, whose GPU checks fail without a GPU: a GPU preset built where
+    no GPU is visible gets --notest (its header says so, and how to run it on a GPU node); a CPU
+    preset's build runs its %test, GPU or not."""
+    from envbuilder.engines.apptainer import apptainer_command, gpu_visible
+    from envbuilder.engines.options import BuildOptions
+    from envbuilder.generate import generate
+    from envbuilder.spec.model import load_spec
+
+    assert gpu_visible(tmp_path) is False
+    (tmp_path / "nvidia0").touch()
+    assert gpu_visible(tmp_path) is True
+    gpu = generate(load_spec(RECIPES / "torch-horovod-pypi.yaml"))
+    cmd = apptainer_command(gpu, BuildOptions(engine="apptainer"), fakeroot=True,
+                            notest=gpu.stack.spec.gpu and not gpu_visible(Path("/dev")))
+    header = gpu.files["Apptainer.def"].decode().split("\nBootstrap:", 1)[0]
+    assert "#   %test checks the GPU: on a machine without one add --notest" in header
+    assert "#   apptainer test --nv torch-horovod-pypi.sif" in header
+    if not gpu_visible(Path("/dev")):          # this machine: no GPU
+        assert cmd == ["apptainer", "build", "--force", "--fakeroot", "--notest", "torch-horovod-pypi.sif",
+                       "Apptainer.def"]
+    cpu = generate(load_spec(RECIPES / "cpu-torch-ddp.yaml"))
+    assert "--notest" not in "".join(cpu.files["Apptainer.def"].decode().split("\nBootstrap:", 1)[0])

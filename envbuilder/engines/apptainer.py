@@ -43,9 +43,16 @@ def find_binary() -> str | None:
     return None
 
 
-def apptainer_command(output, opts: BuildOptions, binary: str = "apptainer", fakeroot: bool = False) -> list[str]:
-    """The header's command line, with the binds the options ask for (sources made absolute)."""
-    cmd = [binary, "build", "--force"] + (["--fakeroot"] if fakeroot else [])
+def gpu_visible(dev: Path = Path("/dev")) -> bool:
+    """An NVIDIA GPU this machine's processes can open (its device files: /dev/nvidia0, ...)."""
+    return any(dev.glob("nvidia[0-9]*"))
+
+
+def apptainer_command(output, opts: BuildOptions, binary: str = "apptainer", fakeroot: bool = False,
+                      notest: bool = False) -> list[str]:
+    """The header's command line, with the binds the options ask for (sources made absolute);
+    --notest where %test cannot pass here (a GPU image built on a machine without a GPU)."""
+    cmd = [binary, "build", "--force"] + (["--fakeroot"] if fakeroot else []) + (["--notest"] if notest else [])
     for source, target in ((opts.wheelhouse, WHEELHOUSE), (opts.ca_bundle, CA_SECRET), (opts.netrc, NETRC_SECRET)):
         if source:
             cmd += ["--bind", f"{Path(source).resolve()}:{target}:ro"]
@@ -140,7 +147,10 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     check_base_archives(folder, output.stack, output.stack.spec.base_from)
     uid = os.geteuid()
     binary = find_binary()
-    cmd = apptainer_command(output, opts, binary or "apptainer", fakeroot=uid != 0)
+    # a GPU image's %test runs the smoke suite's GPU checks, which fail without a GPU: most login
+    # nodes, where images are built, have none; it is run on a GPU node instead (the message says how)
+    notest = output.stack.spec.gpu and not gpu_visible()
+    cmd = apptainer_command(output, opts, binary or "apptainer", fakeroot=uid != 0, notest=notest)
     if binary is None:
         raise CheckFailed("apptainer build", "neither apptainer nor singularity is installed here",
                           f"on a machine that has it, run: {_shown(folder, cmd)}")
@@ -158,6 +168,8 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     sif = folder / cmd[-2]
     size, seconds = sif.stat().st_size, time.monotonic() - started
     if not opts.quiet:
-        print(f"built {sif} ({size / 1e6:.0f} MB) in {seconds:.0f} s (%test: the smoke suite passed); log {log_path}")
+        tested = ("%test: not run, no GPU here; on a GPU node: apptainer test " + sif.name) if notest else \
+            "%test: the smoke suite passed"
+        print(f"built {sif} ({size / 1e6:.0f} MB) in {seconds:.0f} s ({tested}); log {log_path}")
     return {"engine": "apptainer", "sif": str(sif), "size_bytes": size, "build_seconds": round(seconds, 1),
             "log": str(log_path)}

@@ -111,6 +111,8 @@ def render_apptainer(plan: Plan, spec_sha: str) -> str:
         f"Build:  apptainer build {plan.name}.sif Apptainer.def   (runs %test: the smoke suite)",
         "  (unprivileged, Apptainer builds with --fakeroot: the site must allow user namespaces,",
         "  subordinate ids in /etc/subuid and /etc/subgid, and /dev/fuse)",
+        *(["  %test checks the GPU: on a machine without one add --notest, then on a GPU node:",
+           f"  apptainer test --nv {plan.name}.sif"] if plan.expect.get("gpu") else []),
         "Binds for %post, never copied into the image (add them before the .sif's name):",
         f"  local wheels (offline sites):      --bind WHEELS_FOLDER:{WHEELHOUSE}:ro",
         "    (or put them in ./wheelhouse/: copied into the build stage only)",

@@ -207,9 +207,17 @@ def test_mpich_wheel_on_fabric_ib_without_rdma_fails_naming_ucx_over_tcp(cluster
     assert 'export ENVBUILDER_FABRIC="${ENVBUILDER_FABRIC:-ib}"' in (folder / "job.sbatch").read_text()
     t0 = time.time()
     code, c, out = verify_report(cluster, folder, directory)
+    if c["fabric"]["status"] == "skip":
+        # no rank reported its transports: once in CI (2026-11-27, both workers busy) the run
+        # ended before any rank wrote UCX's table, and alone it passed in 40 s. What failed then
+        # is printed, and the job runs once more; a second skip fails the test.
+        print("first run, the fabric check skipped; its failed checks: "
+              + str({n: x.get("detail", "")[:300] for n, x in c.items() if x["status"] == "fail"}))
+        (folder / "report.json").unlink()
+        code, c, out = verify_report(cluster, folder, directory)
     assert code == 1, out[-3000:]
     fab = c["fabric"]
-    assert fab["status"] == "fail", fab
+    assert fab["status"] == "fail", (fab, {n: x.get("detail", "")[:300] for n, x in c.items() if x["status"] == "fail"})
     for node in NODES:
         assert f"mpi on {node} fell back to ch4:ucx/tcp: no RDMA device visible to the rank" in fab["detail"], fab
     ranks = c["fabric.transport[mpi4py]"]["ranks"]

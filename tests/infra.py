@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -212,6 +213,30 @@ long_build = pytest.mark.skipif(os.environ.get(LONG_ENV, "") != "1",
                                 reason=f"a long image build: runs with {LONG_ENV}=1 (outside CI's budget)")
 
 
+def finished_code(records: list[dict]) -> int | None:
+    """A job's exit code once every record of `scontrol show job -o` is in a final state (a step
+    ended by a signal counts 1), else None."""
+    from envbuilder.verify.slurm import DONE_STATES
+
+    if not records or not all(r.get("JobState") in DONE_STATES for r in records):
+        return None
+    codes = []
+    for r in records:
+        status, signal = (int(x) for x in r.get("ExitCode", "0:0").split(":"))
+        codes.append(1 if signal else status)
+    return max(codes)
+
+
+def wait_for(what, seconds: float, step: float = 0.5) -> bool:
+    """True as soon as WHAT() is, polled every STEP seconds for SECONDS."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if what():
+            return True
+        time.sleep(step)
+    return bool(what())
+
+
 def sbatch_until_done(argv: list[str], cwd: Path, env: dict, timeout: float = 300) -> tuple[int, str, str]:
     """`sbatch --parsable ARGV`, then wait for the job (every task of an array) to end, polling
     scontrol every half second: (exit code as `sbatch --wait` gives it, job id, sbatch's stderr).
@@ -221,9 +246,8 @@ def sbatch_until_done(argv: list[str], cwd: Path, env: dict, timeout: float = 30
     is the same: the largest exit status of the job's tasks, 1 for a task ended by a signal; a job
     still running at TIMEOUT is cancelled and raises subprocess.TimeoutExpired, as `sbatch --wait`
     under subprocess's timeout did."""
-    import time
 
-    from envbuilder.verify.slurm import DONE_STATES, job_records
+    from envbuilder.verify.slurm import job_records
 
     full = {**os.environ, **env}
     proc = subprocess.run(["sbatch", "--parsable", *argv], cwd=cwd, capture_output=True, text=True, env=full,
@@ -236,12 +260,9 @@ def sbatch_until_done(argv: list[str], cwd: Path, env: dict, timeout: float = 30
         show = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, env=full,
                               timeout=60)
         records = job_records(show.stdout)
-        if show.returncode == 0 and records and all(r.get("JobState") in DONE_STATES for r in records):
-            codes = []
-            for r in records:
-                status, signal = (int(x) for x in r.get("ExitCode", "0:0").split(":"))
-                codes.append(1 if signal else status)
-            return max(codes), job_id, proc.stderr
+        code = finished_code(records) if show.returncode == 0 else None
+        if code is not None:
+            return code, job_id, proc.stderr
         if time.monotonic() > deadline:
             subprocess.run(["scancel", job_id], env=full, capture_output=True)
             raise subprocess.TimeoutExpired(["sbatch", *argv], timeout)
@@ -294,9 +315,8 @@ def on_apptainer_login(argv: list[str], cwd: Path, timeout: float = 60,
 def apptainer_sbatch_until_done(argv: list[str], cwd: Path, env: dict | None = None,
                                 timeout: float = 300) -> tuple[int, str, str]:
     """sbatch_until_done on the Apptainer cluster, as builder: (exit code, job id, sbatch's stderr)."""
-    import time
 
-    from envbuilder.verify.slurm import DONE_STATES, job_records
+    from envbuilder.verify.slurm import job_records
 
     proc = on_apptainer_login(["sbatch", "--parsable", *argv], cwd, env=env)
     job_id = proc.stdout.strip().split(";")[0]
@@ -306,12 +326,9 @@ def apptainer_sbatch_until_done(argv: list[str], cwd: Path, env: dict | None = N
     while True:
         show = on_apptainer_login(["scontrol", "show", "job", "-o", job_id], cwd)
         records = job_records(show.stdout)
-        if show.returncode == 0 and records and all(r.get("JobState") in DONE_STATES for r in records):
-            codes = []
-            for r in records:
-                status, signal = (int(x) for x in r.get("ExitCode", "0:0").split(":"))
-                codes.append(1 if signal else status)
-            return max(codes), job_id, proc.stderr
+        code = finished_code(records) if show.returncode == 0 else None
+        if code is not None:
+            return code, job_id, proc.stderr
         if time.monotonic() > deadline:
             on_apptainer_login(["scancel", job_id], cwd)
             raise subprocess.TimeoutExpired(["sbatch", *argv], timeout)

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import (APPTAINER_CLUSTER_ROOT, apptainer_sbatch_until_done, base_image, keep_for_run, long_build,
+from infra import (wait_for, APPTAINER_CLUSTER_ROOT, apptainer_sbatch_until_done, base_image, keep_for_run, long_build,
                    on_apptainer_login, require_apptainer_cluster, wheelhouse)
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -195,14 +195,6 @@ def rank_started(folder: Path, job_id: str) -> bool:
     show = on_apptainer_login(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], folder).stdout
     return f"{job_id}.1" in show      # step 0: the node set-up; step 1: the ranks
 
-
-def wait_for(what, seconds: float, step: float = 0.5) -> bool:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if what():
-            return True
-        time.sleep(step)
-    return bool(what())
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import (keep_for_run, MINICLUSTER_ROOT, SMOKE_VENV_PYTHON, base_image, long_build, require_binary,
+from infra import (wait_for, keep_for_run, MINICLUSTER_ROOT, SMOKE_VENV_PYTHON, base_image, long_build, require_binary,
                    require_docker, sbatch_until_done, wheelhouse)
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -114,14 +114,6 @@ def submit(cluster, job: Path, *args: str, env: dict | None = None) -> str:
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip().split(";")[0]
 
-
-def wait_for(what, seconds: float, step: float = 0.5) -> bool:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if what():
-            return True
-        time.sleep(step)
-    return bool(what())
 
 
 def job_state(cluster, job_id: str) -> str:

@@ -401,3 +401,55 @@ def test_a_cleanenv_or_containall_in_the_environment_stops_the_job_before_any_sr
         assert not calls.exists()
     else:         # past the check: the node set-up step is started (the stub then ends the job)
         assert calls.is_file() and "is set:" not in proc.stderr, proc.stderr
+
+
+SITE_MPI_APPTAINER = """\
+name: site-impi
+partition: ac
+pmi: pmi2
+runtime: apptainer
+site_mpi: [/opt/site/impi/lib]
+site_mpi_abi: mpich
+site_mpi_env: {FI_PROVIDER: tcp}
+env: {OMPI_MCA_btl_vader_single_copy_mechanism: cma, ODD: 'a$HOME b\\c `d`'}
+"""
+MPICH_SPEC = """\
+name: mpich-wheel
+framework: {name: pytorch, version: "2.13.0+cpu"}
+python: "3.11"
+mpi: {flavor: mpich, version: "5.0.2", pmi: pmi2, source: pypi}
+"""
+
+
+def test_apptainer_hands_the_jobs_variables_and_the_site_mpi_over_as_apptainerenv(write_spec, tmp_path):
+    """Apptainer keeps the image's value of a variable the image also sets: cluster.env and the
+    site MPI's variables go in as APPTAINERENV_NAME (SINGULARITYENV_ for singularity), escaped
+    for the second evaluation Apptainer gives them inside the container, and the site MPI's
+    folders as APPTAINERENV_LD_LIBRARY_PATH ahead of the image's own path. Run with bash up to
+    the launch: what each variable holds (real Apptainer: tests/test_apptainer_jobs.py)."""
+    site = tmp_path / "site-impi.yaml"
+    site.write_text(SITE_MPI_APPTAINER)
+    spec = write_spec(MPICH_SPEC)
+    text = render(tmp_path, spec, "--site", str(site))
+    assert "image_vars=(ODD OMPI_MCA_btl_vader_single_copy_mechanism FI_PROVIDER)" in text
+    assert 'APPTAINERENV_LD_LIBRARY_PATH="$(image_escape "$ENVBUILDER_SITE_MPI_PATH"):\\$LD_LIBRARY_PATH"' in text
+    start = text.index("image_escape() {")
+    block = text[start:text.index("export APPTAINERENV_LD_LIBRARY_PATH", start)] + "export APPTAINERENV_LD_LIBRARY_PATH\n"
+    env_lines = "\n".join(line for line in text.splitlines() if line.startswith("export ")
+                          and ("ODD" in line or "OMPI_MCA_btl_vader" in line or "FI_PROVIDER" in line))
+    script = (f"{env_lines}\nENVBUILDER_SITE_MPI_PATH='/opt/site/impi/lib'\n{block}"
+              "env | grep ^APPTAINERENV_ | sort\n")
+    out = subprocess.run(["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "APPTAINERENV_FI_PROVIDER=tcp",
+        "APPTAINERENV_LD_LIBRARY_PATH=/opt/site/impi/lib:$LD_LIBRARY_PATH",
+        "APPTAINERENV_ODD=a\\$HOME b\\\\c \\`d\\`",
+        "APPTAINERENV_OMPI_MCA_btl_vader_single_copy_mechanism=cma"], out.stdout
+    singularity = render(tmp_path, spec, "--site", str(site), "--runtime", "singularity")
+    assert 'export "SINGULARITYENV_$v=' in singularity and "export SINGULARITYENV_LD_LIBRARY_PATH" in singularity
+    charliecloud = render(tmp_path, spec, "--site", str(site), "--runtime", "charliecloud")   # ch-run passes the host's
+    assert "image_escape" not in charliecloud and "APPTAINERENV" not in charliecloud
+    plain = render(tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", "apptainer")           # nothing to hand over
+    assert "image_escape" not in plain

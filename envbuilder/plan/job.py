@@ -40,6 +40,7 @@ class JobRuntime:
     bind_args: tuple[str, ...]       # shell lines: binds[] -> runtime_args[]
     launch: tuple[str, ...]          # shell lines: launch[], the prefix of every rank
     cleanup: tuple[str, ...]         # shell lines of cleanup(), before the node-local folders go
+    env_prefix: str = ""             # variables with this prefix win over the image's (Apptainer)
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ def plan_job(stack: Stack) -> JobPlan:
         spec_sha256=spec.sha256(),
         runtime=JobRuntime(rt.name, rt.container, rt.srun_extra, tuple(rt.job_check_image()),
                            tuple(rt.job_bind_args()), tuple(rt.job_launch(spec.cuda is not None)),
-                           tuple(rt.job_cleanup())),
+                           tuple(rt.job_cleanup()), rt.env_prefix),
         resources=Resources(cl.partition, cl.account, cl.nodes, 1 if torchrun else ranks, cl.gpus_per_node,
                             cl.cpus_per_task * (ranks if torchrun else 1) if cl.cpus_per_task else None,
                             cl.mem_per_cpu, cl.time),

@@ -291,6 +291,42 @@ def _site_mpi_binds(site_mpi: SiteMpi, container: bool) -> list[str]:
     return out
 
 
+def _over_the_image(plan: JobPlan) -> list[str]:
+    """A runtime that keeps the image's value of a variable the image also sets (Apptainer: only
+    unset variables pass from the host) gets the job's own choices (cluster.env, the site MPI's
+    variables, the fabric's) under its prefix, which wins; and the site's MPI first on the library
+    path through its own variable, the image's path after it (expanded inside the container)."""
+    prefix = plan.runtime.env_prefix
+    names = dict.fromkeys([k for k, _ in plan.env] + [k for k, _ in plan.network.fabric_env]
+                          + [k for k, _ in (plan.site_mpi.env if plan.site_mpi else ())])
+    if not prefix or not (names or plan.site_mpi):
+        return []
+    out = ["",
+           f"# {plan.runtime.name} keeps the image's value of a variable its image sets (ENV, %environment):",
+           "# only unset ones pass from here, so an exported choice the image also makes was dropped",
+           "# without a word (run here: OMPI_MCA_btl_vader_single_copy_mechanism=cma stayed the image's",
+           f"# none). {prefix}NAME wins over the image; {plan.runtime.name} evaluates its value once more",
+           "# inside the container, so \\, $ and ` are escaped",
+           "image_escape() {",
+           "    local v=$1",
+           r"    v=${v//\\/\\\\}",
+           r"    v=${v//\$/\\\$}",
+           r"    v=${v//\`/\\\`}",
+           "    printf '%s' \"$v\"",
+           "}"]
+    if names:
+        out += [f"image_vars=({' '.join(names)})",
+                'for v in "${image_vars[@]}"; do',
+                f'    if [ -n "${{!v+set}}" ]; then export "{prefix}$v=$(image_escape "${{!v}}")"; fi',
+                "done"]
+    if plan.site_mpi:
+        out += ["# The site's MPI first on every rank's library path, by the runtime's own mechanism (binds",
+                "# above + this variable): \\$LD_LIBRARY_PATH is the image's own, expanded inside the container",
+                f'{prefix}LD_LIBRARY_PATH="$(image_escape "$ENVBUILDER_SITE_MPI_PATH"):\\$LD_LIBRARY_PATH"',
+                f"export {prefix}LD_LIBRARY_PATH"]
+    return out
+
+
 def _pmix_remap(plan: JobPlan) -> list[str]:
     if not plan.pmix_modules:
         return []
@@ -315,8 +351,12 @@ def _rank_setup(plan: JobPlan) -> list[str]:
         *_pmix_remap(plan),
         *tfconfig.rank_lines(plan),
         *preflight.rank_lines(plan),
-        *(['    # the site\'s MPI before the image\'s own (cluster.site_mpi)',
-           '    export LD_LIBRARY_PATH="$ENVBUILDER_SITE_MPI_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"',
+        *(['    # the site\'s MPI before the image\'s own (cluster.site_mpi; already first where the',
+           '    # runtime put it there)',
+           '    case ":${LD_LIBRARY_PATH:-}:" in',
+           '        ":$ENVBUILDER_SITE_MPI_PATH:"*) ;;',
+           '        *) export LD_LIBRARY_PATH="$ENVBUILDER_SITE_MPI_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ;;',
+           '    esac',
            "    # mpi4py >= 4 dlopens the venv's own lib/libmpi by full path before the loader's search",
            '    export MPI4PY_LIBMPI="$ENVBUILDER_SITE_MPI_DIR"']
           if plan.site_mpi else []),
@@ -486,6 +526,7 @@ def render_sbatch(plan: JobPlan) -> str:
     lines += _sweep(plan)
     lines += _environment(plan)
     lines += _binds(plan)
+    lines += _over_the_image(plan)
     lines += staging.function_lines(plan)
     lines += preflight.function_lines(plan)
     lines += tfconfig.function_lines(plan)

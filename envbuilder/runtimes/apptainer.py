@@ -29,6 +29,10 @@ class Apptainer(Runtime):
     image_suffix = ".sif"
     bind_list_separator = ","     # --bind src[:dest[:opts]][,...]
     bind_list_source = "apptainer_bind"
+    # A variable the image sets (its ENV, %environment) keeps the image's value: from the host
+    # only the unset ones pass; APPTAINERENV_NAME wins over the image (research/apptainer.md 1c;
+    # run here: a host OMPI_MCA_btl_vader_single_copy_mechanism=cma stayed the image's none)
+    env_prefix = "APPTAINERENV_"
 
     @property
     def hint(self) -> str:
@@ -92,3 +96,4 @@ class Singularity(Apptainer):
 
     name = "singularity"
     in_verify = False
+    env_prefix = "SINGULARITYENV_"     # SingularityCE's; Apptainer reads it too (APPTAINERENV_ first)

@@ -51,6 +51,8 @@ class Runtime:
     bind_list_separator = ""  # job.sbatch: the character the runtime splits its bind list on (a
                               # bind path holding it would be read as two binds: refused, BIND_SPLIT)
     bind_list_source = ""     # the catalog source (compat/catalog.yaml sources) that says so
+    env_prefix = ""           # job.sbatch: the prefix whose variables win over the image's own (a
+                              # runtime that keeps an image's value over the host's, as Apptainer)
 
     # --- verify -------------------------------------------------------------------------------
     def default_image(self, manifest: dict, folder: Path | None, cwd: Path) -> str | None:

@@ -6,12 +6,20 @@ apptainer exec IMAGE.sif`, one user namespace per rank, as on a site running App
 
 The image: cpu-torch (torch + Horovod with its MPI and Gloo controllers, Debian's Open MPI 4.1.4
 with its PMIx client), written as a .sif by envbuilder (`build --sif`) into the cluster's shared
-folder. Covered: the smoke suite as job.sbatch runs it with no command, 2 nodes x 2 ranks, Horovod
-over MPI and over Gloo; the same .sif through `singularity` (Debian's package installs the name),
-a Horovod allreduce across the 4 ranks, with the time from submission to all ranks up; the
---cleanenv/--containall trap reproduced with Apptainer itself (every rank "rank 0 of 1") and named
-by job.sbatch before any rank; the node-local folders removed after scancel. With
-ENVBUILDER_LONG_BUILDS=1 also cpu-torch-ddp's smoke suite (torch.distributed) on 2 nodes x 2."""
+folder. Covered: `envbuilder verify --slurm` run on the login node (this checkout's package, the
+image's venv), 2 nodes x 2 ranks: Horovod over MPI and over Gloo, the placement and the fabric
+check (`fabric: tcp`: Open MPI's pml/btl read inside each rank's container); the same .sif through
+`singularity` (Debian's package installs the name) with node vetting, a Horovod allreduce across
+the 4 ranks, with the time from submission to all ranks up; the --cleanenv/--containall trap
+reproduced with Apptainer itself (every rank "rank 0 of 1") and named by job.sbatch before any
+rank; a variable the image sets keeping the image's value over the host's, and cluster.env
+handed over as APPTAINERENV_* (with CMA forced that way, Open MPI stops naming the ranks' user
+namespaces); the node-local folders removed after scancel. The site's
+`OMPI_MCA_mpi_yield_when_idle=1` (sites/minicluster-apptainer.yaml) keeps Open MPI's busy-polling
+ranks from starving each other on the shared cores. With ENVBUILDER_LONG_BUILDS=1 also
+cpu-torch-ddp's smoke suite (torch.distributed) on 2 nodes x 2, and Intel MPI injected as the
+site's MPI into the MPICH wheel image's .sif (binds + APPTAINERENV_LD_LIBRARY_PATH), with
+`verify --slurm` naming it per node."""
 
 from __future__ import annotations
 
@@ -98,40 +106,85 @@ def sbatch(folder: Path, *args: str, env: dict | None = None, timeout: int = 400
     return code, job_id, err + job_log(folder, job_id), time.time() - t0
 
 
-def test_smoke_suite_horovod_mpi_and_gloo_on_two_nodes_through_apptainer(hvd_sif):
+SITE_FILE = Path(__file__).resolve().parent.parent / "sites" / "minicluster-apptainer.yaml"
+
+
+def site_variant(folder: Path, name: str, extra: str) -> Path:
+    """sites/minicluster-apptainer.yaml under another name with EXTRA lines, in FOLDER."""
+    text = SITE_FILE.read_text().replace("name: minicluster-apptainer", f"name: {name}")
+    path = folder / f"{name}.yaml"
+    path.write_text(text + extra)
+    return path
+
+
+@pytest.fixture(scope="module")
+def login_envbuilder(ac_shared):
+    """envbuilder as builder on the login node (ac-ctl): this checkout's package copied into the
+    shared folder, run by the Apptainer image's Python 3.13 venv, which has envbuilder's
+    dependencies (.ci/install-apptainer.sh). Returns run(folder, *args, timeout)."""
+    src = ac_shared / "src"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "envbuilder", src / "envbuilder",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    chown_tree(src, BUILDER_UID)
+
+    def run(folder: Path, *args: str, timeout: int = 900):
+        return on_apptainer_login(["env", f"PYTHONPATH={src}", "/opt/envbuilder-venv/bin/python", "-m", "envbuilder",
+                                   *args], folder, timeout=timeout)
+    return run
+
+
+def test_verify_slurm_horovod_mpi_gloo_and_the_fabric_check_on_two_nodes_through_apptainer(hvd_sif, login_envbuilder):
+    """`envbuilder verify FOLDER --slurm --nodes 2 --ranks 4` on the cluster's login node: its job.sbatch
+    (the site with `fabric: tcp`) runs the smoke suite, 2 nodes x 2 ranks, every rank through
+    `apptainer exec`: Horovod over MPI and over Gloo, the placement, and the fabric check, which
+    reads Open MPI's pml/btl inside each rank's container."""
     folder, sif = hvd_sif
-    code, job_id, log, wall = sbatch(folder, *TWO_BY_TWO, timeout=600)
-    assert code == 0, log[-4000:]
-    assert f"job {job_id}: 4 rank(s) on 2 node(s), apptainer" in log
-    summary = re.search(r"^(\d+) passed, (\d+) failed, (\d+) skipped in ([\d.]+) s$", log, re.M)
-    assert summary and summary.group(2) == "0", log[-4000:]
+    site = site_variant(folder.parent, "ac-tcp", "fabric: tcp\n")
+    job = build_job(folder.parent / "verify", "--site", str(site))
+    report = job / "report.json"
+    t0 = time.time()
+    p = login_envbuilder(job, "verify", str(job), "--slurm", "--nodes", "2", "--ranks", "4", "--image", str(sif),
+                         "--report", str(report))
+    wall = time.time() - t0
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    out = p.stdout
+    assert re.search(r"^OK: cpu-torch-horovod \(slurm job \d+, apptainer, 4 rank\(s\) on 2 node\(s\)\)", out, re.M), out[-3000:]
     for line in (r"horovod\.init\[mpi\] +PASS +4 ranks, mpi controller",
                  r"horovod\.init\[gloo\] +PASS +4 ranks, gloo controller",
                  r"allreduce\.exact\[mpi\] +PASS", r"allreduce\.exact\[gloo\] +PASS",
-                 r"train\.pytorch\[mpi\] +PASS", r"horovod\.operations +PASS +mpi, gloo"):
-        assert re.search(line, log), (line, log[-4000:])
-    # Gloo's rendezvous names where each rank ran: 2 per node
-    assert "ac-n1: rank 0,1, ac-n2: rank 2,3" in log, log[-4000:]
-    report = json.loads((folder / "runs" / job_id / "smoke-report.json").read_text())
-    assert report["ok"] is True
-    print(f"apptainer, smoke suite 2x2 (Horovod MPI + Gloo): {summary.group(1)} passed in "
-          f"{summary.group(4)} s, job {wall:.0f} s from submission to its end")
+                 r"train\.pytorch\[mpi\] +PASS", r"horovod\.operations +PASS +mpi, gloo",
+                 r"slurm\.placement +PASS +ac-n1: 2, ac-n2: 2"):
+        assert re.search(line, out), (line, out[-4000:])
+    checks = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
+    assert checks["fabric"]["status"] == "pass" and "fabric tcp: TCP expected" in checks["fabric"]["detail"], checks["fabric"]
+    bw = {k: checks[f"perf.allreduce[{k}]"]["detail"].rsplit(";", 1)[-1].strip() for k in ("mpi", "gloo")}
+    print(f"apptainer, verify --slurm 2x2 (Horovod MPI + Gloo, fabric tcp: {checks['fabric']['figure']}): "
+          f"{wall:.0f} s; 16 MiB allreduce MPI {bw['mpi']}, Gloo {bw['gloo']}")
 
 
 def test_the_singularity_name_runs_a_horovod_allreduce_across_two_nodes(hvd_sif):
     """Debian's package installs `singularity` beside `apptainer`; job.sbatch for that runtime
-    runs the same .sif. Each of 4 ranks on 2 nodes sees the world of 4 and the exact sum 0+1+2+3."""
+    runs the same .sif, with node vetting (cluster.vet_min_nodes: the image's own check on each
+    node, through singularity). Each of 4 ranks on 2 nodes sees the world of 4 and the exact sum
+    0+1+2+3."""
     folder, sif = hvd_sif
-    job = build_job(folder.parent / "singularity", "--runtime", "singularity")
+    site = site_variant(folder.parent, "ac-vet", "vet_min_nodes: 1\n")
+    job = build_job(folder.parent / "singularity", "--runtime", "singularity", "--site", str(site))
     assert "(singularity runtime)" in (job / "job.sbatch").read_text()
     t0 = time.time()
     code, job_id, log, wall = sbatch(job, *TWO_BY_TWO, "python", "-c", HVD_RECORD, env={"ENVBUILDER_IMAGE": str(sif)})
     assert code == 0, log[-4000:]
+    # node vetting (cluster.vet_min_nodes): the image's own check on each node, through singularity
+    assert "vetting: 2 of 2 node(s) passed" in log and "left out" not in log, log[-3000:]
+    for node in ("ac-n1", "ac-n2"):
+        assert re.search(rf"vetting: {node}: compute \d+ Mflop/s, allreduce within the node \d+ MB/s", log), log[-3000:]
     records = [json.loads(p.read_text()) for p in sorted((job / "runs" / job_id).glob("rank-*.json"))]
     assert sorted((r["rank"], r["host"]) for r in records) == [(0, "ac-n1"), (1, "ac-n1"), (2, "ac-n2"), (3, "ac-n2")]
     assert all(r["size"] == 4 and r["sum"] == 6.0 and r["rank"] == r["slurm_rank"] for r in records), records
     up = max(r["up"] for r in records) - t0
-    print(f"singularity 2x2 Horovod/MPI allreduce: submission to all ranks up {up:.1f} s, job {wall:.1f} s")
+    vet_s = re.search(r"passed in (\d+) s", log)
+    print(f"singularity 2x2 Horovod/MPI allreduce with node vetting (its step {vet_s.group(1) if vet_s else '?'} s): "
+          f"submission to all ranks up {up:.1f} s, job {wall:.1f} s")
 
 
 def build_job(out: Path, *args: str) -> Path:
@@ -171,6 +224,35 @@ def test_cleanenv_makes_every_rank_rank_0_and_job_sbatch_names_it_before_any_ran
                 "every container, so each rank starts alone as rank 0 of 1") in log, log[-3000:]
         assert f"unset it for this job: env -u {var} sbatch job.sbatch" in log
         assert "a rank ran" not in log and "command not found" not in log, log[-3000:]
+
+
+VADER = "OMPI_MCA_btl_vader_single_copy_mechanism"
+PRINT_ENV = ("import os; print('seen', os.environ.get('%s'), os.environ.get('OMPI_MCA_mpi_yield_when_idle'), "
+             "os.environ.get('ODD'), flush=True)" % VADER)
+
+
+def test_a_variable_the_image_sets_wins_over_the_hosts_unless_handed_over_as_apptainerenv(hvd_sif):
+    """Apptainer passes a host variable only where the image does not set it: the image's
+    OMPI_MCA_btl_vader_single_copy_mechanism=none stayed none with the host's cma (so a by-hand
+    "CMA between the ranks' user namespaces works" was never CMA). job.sbatch hands cluster.env over
+    as APPTAINERENV_*: the ranks see the site's value, a `$` in it unexpanded; with cma for real,
+    Open MPI 4.1 stops every rank naming the cause (research/apptainer.md, trap 5: each `apptainer
+    exec` is its own user namespace, and CMA cannot cross them)."""
+    folder, sif = hvd_sif
+    raw = on_apptainer_login(["apptainer", "-s", "exec", str(sif), "python", "-c", PRINT_ENV], folder,
+                             env={VADER: "cma", "ODD": "x"})
+    assert raw.returncode == 0 and raw.stdout.split() == ["seen", "none", "None", "x"], raw.stdout + raw.stderr
+    site = site_variant(folder.parent, "ac-cma", "")
+    site.write_text(site.read_text().replace('env: {OMPI_MCA_mpi_yield_when_idle: "1"}',
+                                             'env: {OMPI_MCA_mpi_yield_when_idle: "1", %s: cma, ODD: "a$HOME"}' % VADER))
+    job = build_job(folder.parent / "cma", "--site", str(site))
+    image = {"ENVBUILDER_IMAGE": str(sif)}
+    code, job_id, log, _ = sbatch(job, "--nodes=1", "--ntasks-per-node=1", "python", "-c", PRINT_ENV, env=image)
+    assert code == 0 and "seen cma 1 a$HOME" in log, log[-3000:]
+    code, job_id, log, wall = sbatch(job, "--nodes=1", "--ntasks-per-node=2", "python", "-c", PRINT_RANK, env=image)
+    words = " ".join(log.split())         # Open MPI's help text is wrapped
+    assert code != 0 and "CMA support is not available due to different user namespaces" in words, log[-3000:]
+    print(f"{VADER}=cma handed over: Open MPI stopped the ranks naming the user namespaces ({wall:.0f} s)")
 
 
 def test_scancel_leaves_no_node_local_folder(hvd_sif):
@@ -226,3 +308,98 @@ def test_torch_distributed_smoke_suite_on_two_nodes_through_apptainer(ddp_sif):
         assert re.search(line, log), (line, log[-4000:])
     print(f"apptainer, smoke suite 2x2 (torch.distributed): {summary.group(1)} passed in {summary.group(4)} s, "
           f"job {wall:.0f} s from submission to its end")
+
+
+@pytest.fixture(scope="module")
+def mpich_sif(ac_shared):
+    """The MPICH 5.0.2 wheel image of tests/test_mpi_pypi.py (mpi4py, no Horovod) under a name of
+    its own (its own tag from the same cached layers: the "cluster" group's image of that spec is
+    not rebuilt under it), written as a .sif."""
+    from test_mpi_pypi import MPICH, spec_file
+
+    base_image()
+    (ac_shared / "mpich").mkdir()
+    spec = spec_file(ac_shared / "mpich", "mpi-mpich-pypi-ac", MPICH)
+    out = ac_shared / "mpich" / "image"
+    probe = run_envbuilder("build", str(spec), "--no-build", "--out", str(out))
+    assert probe.code == 0, probe.err
+    keep_for_run(json.loads((out / "manifest.json").read_text())["image"]["tag"])
+    t0 = time.time()
+    r = run_envbuilder("build", str(spec), "--out", str(out), "--sif", "--ca-bundle", CA_BUNDLE,
+                       "--wheelhouse", wheelhouse(), timeout=2400)
+    assert r.code == 0, r.err[-3000:]
+    print(f"\nMPICH wheel image: build + envbuilder's .sif {time.time() - t0:.0f} s")
+    chown_tree(ac_shared / "mpich", BUILDER_UID)
+    return spec, out / "mpi-mpich-pypi-ac.sif"
+
+
+@pytest.fixture
+def impi_on_ac_nodes(tmp_path):
+    """Intel MPI (impi-rt, tests/test_mpi_pypi.py impi_folder) as the site's MPI in /local/<name>/lib
+    of both nodes of this cluster (node-local, as a site's /opt/intel is): its path on the nodes."""
+    from test_mpi_pypi import impi_folder
+
+    lib = impi_folder(tmp_path)
+    name = f"impi-{uuid.uuid4().hex[:6]}"
+    made = [ROOT / "local" / node / name for node in ("ac-n1", "ac-n2")]
+    try:
+        for d in made:
+            shutil.copytree(lib, d / "lib")
+        yield f"/local/{name}/lib"
+    finally:
+        for d in made:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+MPI_RECORD = """\
+import json, os, socket
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+s = c.allreduce(c.rank + 1)
+json.dump({"rank": c.rank, "size": c.size, "host": socket.gethostname(), "sum": s,
+           "lib": MPI.Get_library_version().splitlines()[0], "ld": os.environ.get("LD_LIBRARY_PATH"),
+           "path": next((l.split()[-1] for l in open("/proc/self/maps") if "/libmpi" in l), None)},
+          open(os.path.join(os.environ["OUTPUT_DIR"], "mpi-%d.json" % c.rank), "w"))
+"""
+
+
+@long_build
+def test_intel_mpi_injected_as_the_site_mpi_through_apptainer_on_two_nodes(ac_shared, mpich_sif, impi_on_ac_nodes,
+                                                                             login_envbuilder):
+    """cluster.site_mpi with Apptainer's own mechanism: the site's folder bound (--bind) and put
+    first by APPTAINERENV_LD_LIBRARY_PATH ahead of the image's own path (/opt/venv/lib, which the
+    image's ENV sets), site_mpi_env handed over as APPTAINERENV_*. Every rank of 2 nodes x 2 runs
+    Intel MPI 2021.19 in the MPICH image under srun --mpi=pmi2, and `verify --slurm` (on the login
+    node) names it per node in mpi.library. Outside CI's budget (another image and .sif, about
+    2 minutes): ENVBUILDER_LONG_BUILDS=1."""
+    spec, sif = mpich_sif
+    site = site_variant(ac_shared, "ac-impi", f"site_mpi: [{impi_on_ac_nodes}]\nsite_mpi_abi: mpich\n"
+                                              "site_mpi_env: {FI_PROVIDER: tcp}\n")
+    site.write_text(site.read_text().replace("pmi: pmix", "pmi: pmi2"))
+    job = ac_shared / "job-impi"
+    r = run_envbuilder("build", str(spec), "--site", str(site), "--no-build", "--out", str(job))
+    assert r.code == 0, r.err
+    text = (job / "job.sbatch").read_text()
+    assert "export APPTAINERENV_LD_LIBRARY_PATH" in text and 'add_bind "$p" cluster.site_mpi' in text
+    (job / "mpi_record.py").write_text(MPI_RECORD)
+    chown_tree(job, BUILDER_UID)
+    code, job_id, log, wall = sbatch(job, *TWO_BY_TWO, "python", "mpi_record.py", env={"ENVBUILDER_IMAGE": str(sif)})
+    assert code == 0, log[-4000:]
+    recs = [json.loads(p.read_text()) for p in sorted((job / "runs" / job_id).glob("mpi-*.json"))]
+    assert [(r["rank"], r["host"]) for r in recs] == [(0, "ac-n1"), (1, "ac-n1"), (2, "ac-n2"), (3, "ac-n2")], recs
+    assert all(r["size"] == 4 and r["sum"] == 10 for r in recs), recs
+    assert all(r["lib"].startswith("Intel(R) MPI Library 2021.19") and r["path"] == f"{impi_on_ac_nodes}/libmpi.so.12"
+               for r in recs), recs
+    # the site's folder first, once; the image's own path after it
+    assert all(r["ld"].startswith(f"{impi_on_ac_nodes}:/opt/venv/lib:") and r["ld"].count(impi_on_ac_nodes) == 1
+               for r in recs), [r["ld"] for r in recs]
+    report = job / "report.json"
+    p = login_envbuilder(job, "verify", str(job), "--slurm", "--nodes", "2", "--ranks", "4", "--image", str(sif),
+                         "--report", str(report))
+    assert report.is_file(), (p.stdout + p.stderr)[-4000:]
+    lib = {c["name"]: c for c in json.loads(report.read_text())["checks"]}["mpi.library"]
+    assert lib["status"] == "pass" and f"the site MPI under {impi_on_ac_nodes}" in lib["detail"], lib
+    assert sorted(lib["data"]["library"]) == ["ac-n1", "ac-n2"], lib
+    assert all(v["flavor"] == "intel-mpi" for v in lib["data"]["library"].values()), lib
+    assert p.returncode == 0, p.stdout[-4000:]
+    print(f"Intel MPI injected into the MPICH .sif through Apptainer, 2 x 2: job {wall:.0f} s; verify --slurm passed")

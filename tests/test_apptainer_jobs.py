@@ -257,15 +257,26 @@ def test_a_variable_the_image_sets_wins_over_the_hosts_unless_handed_over_as_app
 
 def test_scancel_leaves_no_node_local_folder(hvd_sif):
     """A job cancelled while its ranks run: the node Epilog (cluster.local_cleanup: epilog) removes
-    its node-local folder (throw-away HOME, bound into every container) on both nodes."""
+    its node-local folder (throw-away HOME, bound into every container) on both nodes. Submitted
+    with ENVBUILDER_STAGE_IMAGE=1: each node copied the .sif into that folder first, and every rank
+    runs from its node's copy (APPTAINER_CONTAINER); the copies go with the folder."""
     folder, sif = hvd_sif
-    proc = on_apptainer_login(["sbatch", "--parsable", *TWO_BY_TWO, "job.sbatch", "sleep", "300"], folder)
+    where = "echo rank $SLURM_PROCID on $(hostname) from $APPTAINER_CONTAINER; sleep 300"
+    proc = on_apptainer_login(["sbatch", "--parsable", *TWO_BY_TWO, "job.sbatch", "sh", "-c", where], folder,
+                              env={"ENVBUILDER_STAGE_IMAGE": "1"})
     assert proc.returncode == 0, proc.stderr
     job_id = proc.stdout.strip().split(";")[0]
     local = [ROOT / "local" / n / f"envbuilder.{job_id}" for n in ("ac-n1", "ac-n2")]
     try:
         assert wait_for(lambda: all(p.is_dir() for p in local), 120), job_log(folder, job_id)[-3000:]
         assert wait_for(lambda: rank_started(folder, job_id), 60), job_log(folder, job_id)[-3000:]
+        assert wait_for(lambda: job_log(folder, job_id).count(" from /local/") == 4, 60), job_log(folder, job_id)[-3000:]
+        log = job_log(folder, job_id)
+        for n, node in enumerate(("ac-n1", "ac-n2")):
+            assert (local[n] / "image" / sif.name).stat().st_size == sif.stat().st_size
+            assert f"staged the image {sif} to {node}:/local/envbuilder.{job_id}/image/{sif.name}" in log, log[-3000:]
+        assert sorted(re.findall(r"^rank (\d) on (ac-n\d) from (\S+)$", log, re.M)) == [
+            (str(r), f"ac-n{r // 2 + 1}", f"/local/envbuilder.{job_id}/image/{sif.name}") for r in range(4)], log[-3000:]
     finally:
         assert on_apptainer_login(["scancel", job_id], folder).returncode == 0
     t0 = time.time()

@@ -453,3 +453,24 @@ def test_apptainer_hands_the_jobs_variables_and_the_site_mpi_over_as_apptaineren
     assert "image_escape" not in charliecloud and "APPTAINERENV" not in charliecloud
     plain = render(tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", "apptainer")           # nothing to hand over
     assert "image_escape" not in plain
+
+
+def test_apptainer_stages_the_sif_to_each_node_when_asked(tmp_path):
+    """ENVBUILDER_STAGE_IMAGE=1: the ranks start from a node-local copy of the .sif (node_setup makes
+    it, node-local folder, same path on every node); the shared file's existence is what each node
+    checks. Run with bash: the image variables as the launch sees them (real Apptainer:
+    tests/test_apptainer_jobs.py, the scancel test)."""
+    text = render(tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", "apptainer")
+    start = text.index("# The image staged (ENVBUILDER_STAGE_IMAGE=1)")
+    block = text[start:text.index("\nfi\n", start) + 4]
+    sif = tmp_path / "x.sif"
+    sif.write_bytes(b"sif")
+    script = f"IMAGE={sif}\nJOB_LOCAL=/local/envbuilder.7\n{block}echo \"$IMAGE ${{IMAGE_SRC:-none}}\"\n"
+    for value, want in (("1", f"/local/envbuilder.7/image/x.sif {sif}"), ("0", f"{sif} none"), (None, f"{sif} none")):
+        env = {"PATH": "/usr/bin:/bin", **({"ENVBUILDER_STAGE_IMAGE": value} if value else {})}
+        out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+        assert out.stdout.strip() == want, (value, out.stdout, out.stderr)
+    assert text.index("    stage_image\n") > text.index('    local image=${IMAGE_SRC:-$IMAGE}')
+    assert text.index("# The image staged") < text.index("launch=(apptainer exec")
+    for runtime in ("charliecloud", "pyxis", "host"):
+        assert "STAGE_IMAGE" not in render(tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", runtime)

@@ -41,6 +41,7 @@ class JobRuntime:
     launch: tuple[str, ...]          # shell lines: launch[], the prefix of every rank
     cleanup: tuple[str, ...]         # shell lines of cleanup(), before the node-local folders go
     env_prefix: str = ""             # variables with this prefix win over the image's (Apptainer)
+    stages_image: bool = False       # ENVBUILDER_STAGE_IMAGE=1 copies the image file to every node
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,8 @@ def plan_job(stack: Stack) -> JobPlan:
         spec_sha256=spec.sha256(),
         runtime=JobRuntime(rt.name, rt.container, rt.srun_extra, tuple(rt.job_check_image()),
                            tuple(rt.job_bind_args()), tuple(rt.job_launch(spec.cuda is not None)),
-                           tuple(rt.job_cleanup()), rt.env_prefix),
+                           tuple(rt.job_cleanup()), rt.env_prefix,
+                           rt.stages_image),
         resources=Resources(cl.partition, cl.account, cl.nodes, 1 if torchrun else ranks, cl.gpus_per_node,
                             cl.cpus_per_task * (ranks if torchrun else 1) if cl.cpus_per_task else None,
                             cl.mem_per_cpu, cl.time),

@@ -66,6 +66,7 @@ def _usage(plan: JobPlan) -> list[str]:
         + ("cluster.command" if plan.command else "the smoke suite") + ")",
         "Overrides (environment): ENVBUILDER_DIR (this folder), "
         + ("ENVBUILDER_IMAGE, " if plan.runtime.container else "ENVBUILDER_VENV, ")
+        + ("ENVBUILDER_STAGE_IMAGE=1 (the image copied to each node), " if plan.runtime.stages_image else "")
         + "OUTPUT_DIR, ENVBUILDER_LOCAL (node-local folder),",
         "  NCCL_SOCKET_IFNAME, ENVBUILDER_TENSORBOARD=1, ENVBUILDER_TIMELINE=1.",
     ]
@@ -379,7 +380,10 @@ def _rank_setup(plan: JobPlan) -> list[str]:
         "    done",
         *(['    case $IMAGE in  # a file or folder (not a registry reference pyxis pulls)',
            '        /*|./*|../*) [ -e "$IMAGE" ] || die "image \'$IMAGE\' does not exist on node $(hostname)" ;;',
-           '    esac'] if plan.runtime.container else []),
+           '    esac'] if plan.runtime.container and not plan.runtime.stages_image else []),
+        *(['    local image=${IMAGE_SRC:-$IMAGE}   # staged: the copy is made below',
+           '    [ -e "$image" ] || die "image \'$image\' does not exist on node $(hostname)"']
+          if plan.runtime.stages_image else []),
         *(["    gpu_preflight"] if plan.gpu else []),
         *staging.node_setup_lines(plan),
         "}",
@@ -419,7 +423,7 @@ def _launch(plan: JobPlan) -> list[str]:
     rt = plan.runtime
     gpu_bind = " --gpu-bind=none" if plan.resources.gpus_per_node else ""
     opts = vetting.rank_opts() if plan.vet_min_nodes else ""
-    out = ["", *rt.launch, ""]
+    out = ["", *staging.image_lines(plan), *rt.launch, ""]
     out += nodelocal.launch_lines(plan)
     out += vetting.lines(plan)
     out += _monitoring(plan)
@@ -528,6 +532,7 @@ def render_sbatch(plan: JobPlan) -> str:
     lines += _binds(plan)
     lines += _over_the_image(plan)
     lines += staging.function_lines(plan)
+    lines += staging.image_function_lines(plan)
     lines += preflight.function_lines(plan)
     lines += tfconfig.function_lines(plan)
     lines += _rank_setup(plan)

@@ -33,6 +33,7 @@ class Apptainer(Runtime):
     # only the unset ones pass; APPTAINERENV_NAME wins over the image (research/apptainer.md 1c;
     # run here: a host OMPI_MCA_btl_vader_single_copy_mechanism=cma stayed the image's none)
     env_prefix = "APPTAINERENV_"
+    stages_image = True           # a .sif: one file
 
     @property
     def hint(self) -> str:

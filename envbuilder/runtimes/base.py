@@ -51,6 +51,8 @@ class Runtime:
     bind_list_separator = ""  # job.sbatch: the character the runtime splits its bind list on (a
                               # bind path holding it would be read as two binds: refused, BIND_SPLIT)
     bind_list_source = ""     # the catalog source (compat/catalog.yaml sources) that says so
+    stages_image = False      # job.sbatch: the image is one file the job may copy to each node
+                              # (ENVBUILDER_STAGE_IMAGE=1) and start its ranks from
     env_prefix = ""           # job.sbatch: the prefix whose variables win over the image's own (a
                               # runtime that keeps an image's value over the host's, as Apptainer)
 

@@ -48,5 +48,41 @@ def function_lines(plan: JobPlan) -> list[str]:
     ]
 
 
+def image_lines(plan: JobPlan) -> list[str]:
+    """Batch-script lines before launch[] is set: with ENVBUILDER_STAGE_IMAGE=1 the ranks start
+    from a node-local copy of the image file (the same path on every node), made by node_setup."""
+    if not plan.runtime.stages_image:
+        return []
+    return [
+        "# The image staged (ENVBUILDER_STAGE_IMAGE=1): every node copies the image file once to its",
+        "# node-local folder (node_setup) and the ranks start from that copy, not from the shared file",
+        "# system; it goes with the node-local folder when the job ends",
+        'if [ "${ENVBUILDER_STAGE_IMAGE:-0}" = 1 ]; then',
+        '    IMAGE_SRC=$(realpath "$IMAGE")',
+        '    IMAGE="$JOB_LOCAL/image/${IMAGE_SRC##*/}"',
+        "    export IMAGE_SRC IMAGE",
+        "fi",
+    ]
+
+
+def image_function_lines(plan: JobPlan) -> list[str]:
+    if not plan.runtime.stages_image:
+        return []
+    return [
+        "",
+        "# Copy the image file to this node's local storage (ENVBUILDER_STAGE_IMAGE=1; node_setup)",
+        "stage_image() {",
+        '    [ -n "${IMAGE_SRC:-}" ] || return 0',
+        "    local t0=$SECONDS",
+        '    mkdir -p "${IMAGE%/*}"',
+        '    cp "$IMAGE_SRC" "$IMAGE.partial"',
+        '    mv "$IMAGE.partial" "$IMAGE"',
+        '    echo "envbuilder: staged the image $IMAGE_SRC to $(hostname):$IMAGE' +
+        ' ($(du -sh "$IMAGE" | cut -f1), $((SECONDS - t0)) s)" >&2',
+        "}",
+        "export -f stage_image",
+    ]
+
+
 def node_setup_lines(plan: JobPlan) -> list[str]:
-    return ["    stage_data"] if plan.stage else []
+    return (["    stage_data"] if plan.stage else []) + (["    stage_image"] if plan.runtime.stages_image else [])

@@ -374,24 +374,14 @@ json.dump({"rank": c.rank, "size": c.size, "host": socket.gethostname(), "sum": 
 """
 
 
-@long_build
-def test_intel_mpi_injected_as_the_site_mpi_through_apptainer_on_two_nodes(ac_shared, mpich_sif, impi_on_ac_nodes,
-                                                                             login_envbuilder):
-    """cluster.site_mpi with Apptainer's own mechanism: the site's folder bound (--bind) and put
-    first by APPTAINERENV_LD_LIBRARY_PATH ahead of the image's own path (/opt/venv/lib, which the
-    image's ENV sets), site_mpi_env handed over as APPTAINERENV_*. Every rank of 2 nodes x 2 runs
-    Intel MPI 2021.19 in the MPICH image under srun --mpi=pmi2, and `verify --slurm` (on the login
-    node) names it per node in mpi.library. Outside CI's budget (another image and .sif, about
-    2 minutes): ENVBUILDER_LONG_BUILDS=1."""
-    spec, sif = mpich_sif
-    site = site_variant(ac_shared, "ac-impi", f"site_mpi: [{impi_on_ac_nodes}]\nsite_mpi_abi: mpich\n"
-                                              "site_mpi_env: {FI_PROVIDER: tcp}\n")
+def mpi_job(ac_shared: Path, spec: Path, name: str, extra: str, sif: Path) -> tuple[list[dict], Path, float]:
+    """job.sbatch of SPEC with the site plus EXTRA (srun --mpi=pmi2: the MPICH wheel's PMI) running
+    MPI_RECORD on 2 nodes x 2 ranks: (the ranks' records in rank order, the job folder, seconds)."""
+    site = site_variant(ac_shared, name, extra)
     site.write_text(site.read_text().replace("pmi: pmix", "pmi: pmi2"))
-    job = ac_shared / "job-impi"
+    job = ac_shared / f"job-{name}"
     r = run_envbuilder("build", str(spec), "--site", str(site), "--no-build", "--out", str(job))
     assert r.code == 0, r.err
-    text = (job / "job.sbatch").read_text()
-    assert "export APPTAINERENV_LD_LIBRARY_PATH" in text and 'add_bind "$p" cluster.site_mpi' in text
     (job / "mpi_record.py").write_text(MPI_RECORD)
     chown_tree(job, BUILDER_UID)
     code, job_id, log, wall = sbatch(job, *TWO_BY_TWO, "python", "mpi_record.py", env={"ENVBUILDER_IMAGE": str(sif)})
@@ -399,6 +389,27 @@ def test_intel_mpi_injected_as_the_site_mpi_through_apptainer_on_two_nodes(ac_sh
     recs = [json.loads(p.read_text()) for p in sorted((job / "runs" / job_id).glob("mpi-*.json"))]
     assert [(r["rank"], r["host"]) for r in recs] == [(0, "ac-n1"), (1, "ac-n1"), (2, "ac-n2"), (3, "ac-n2")], recs
     assert all(r["size"] == 4 and r["sum"] == 10 for r in recs), recs
+    return recs, job, wall
+
+
+@long_build
+def test_intel_mpi_injected_as_the_site_mpi_through_apptainer_on_two_nodes(ac_shared, mpich_sif, impi_on_ac_nodes,
+                                                                             login_envbuilder):
+    """The MPICH 5.0.2 wheel's own MPI through Apptainer under srun --mpi=pmi2 first (2 x 2, every
+    rank on the image's /opt/venv/lib/libmpi.so.12); then
+    cluster.site_mpi with Apptainer's own mechanism: the site's folder bound (--bind) and put
+    first by APPTAINERENV_LD_LIBRARY_PATH ahead of the image's own path (/opt/venv/lib, which the
+    image's ENV sets), site_mpi_env handed over as APPTAINERENV_*. Every rank of 2 nodes x 2 runs
+    Intel MPI 2021.19 in the MPICH image under srun --mpi=pmi2, and `verify --slurm` (on the login
+    node) names it per node in mpi.library. Outside CI's budget (another image and .sif, about
+    2 minutes): ENVBUILDER_LONG_BUILDS=1."""
+    spec, sif = mpich_sif
+    own, _, own_s = mpi_job(ac_shared, spec, "ac-mpich", "", sif)
+    assert all(r["lib"].startswith("MPICH Version:") and r["path"] == "/opt/venv/lib/libmpi.so.12" for r in own), own
+    recs, job, wall = mpi_job(ac_shared, spec, "ac-impi", f"site_mpi: [{impi_on_ac_nodes}]\nsite_mpi_abi: mpich\n"
+                                                         "site_mpi_env: {FI_PROVIDER: tcp}\n", sif)
+    text = (job / "job.sbatch").read_text()
+    assert "export APPTAINERENV_LD_LIBRARY_PATH" in text and 'add_bind "$p" cluster.site_mpi' in text
     assert all(r["lib"].startswith("Intel(R) MPI Library 2021.19") and r["path"] == f"{impi_on_ac_nodes}/libmpi.so.12"
                for r in recs), recs
     # the site's folder first, once; the image's own path after it
@@ -413,4 +424,5 @@ def test_intel_mpi_injected_as_the_site_mpi_through_apptainer_on_two_nodes(ac_sh
     assert sorted(lib["data"]["library"]) == ["ac-n1", "ac-n2"], lib
     assert all(v["flavor"] == "intel-mpi" for v in lib["data"]["library"].values()), lib
     assert p.returncode == 0, p.stdout[-4000:]
-    print(f"Intel MPI injected into the MPICH .sif through Apptainer, 2 x 2: job {wall:.0f} s; verify --slurm passed")
+    print(f"MPICH wheel through Apptainer, 2 x 2 (pmi2): job {own_s:.0f} s; Intel MPI injected into its .sif: job "
+          f"{wall:.0f} s; verify --slurm passed")

@@ -17,9 +17,11 @@ handed over as APPTAINERENV_* (with CMA forced that way, Open MPI stops naming t
 namespaces); the node-local folders removed after scancel. The site's
 `OMPI_MCA_mpi_yield_when_idle=1` (sites/minicluster-apptainer.yaml) keeps Open MPI's busy-polling
 ranks from starving each other on the shared cores. With ENVBUILDER_LONG_BUILDS=1 also
-cpu-torch-ddp's smoke suite (torch.distributed) on 2 nodes x 2, and Intel MPI injected as the
+cpu-torch-ddp's smoke suite (torch.distributed) on 2 nodes x 2, the MPICH and Open MPI wheels'
+own MPIs (srun --mpi=pmi2, pmix) with an mpi4py allreduce on 2 x 2, and Intel MPI injected as the
 site's MPI into the MPICH wheel image's .sif (binds + APPTAINERENV_LD_LIBRARY_PATH), with
-`verify --slurm` naming it per node."""
+`verify --slurm` naming it per node. The ranks run from a node-local copy of the .sif in the
+scancel test (ENVBUILDER_STAGE_IMAGE=1)."""
 
 from __future__ import annotations
 
@@ -321,17 +323,16 @@ def test_torch_distributed_smoke_suite_on_two_nodes_through_apptainer(ddp_sif):
           f"job {wall:.0f} s from submission to its end")
 
 
-@pytest.fixture(scope="module")
-def mpich_sif(ac_shared):
-    """The MPICH 5.0.2 wheel image of tests/test_mpi_pypi.py (mpi4py, no Horovod) under a name of
-    its own (its own tag from the same cached layers: the "cluster" group's image of that spec is
-    not rebuilt under it), written as a .sif."""
-    from test_mpi_pypi import MPICH, spec_file
+def wheel_sif(ac_shared: Path, name: str, mpi: str) -> tuple[Path, Path]:
+    """The MPI-wheel image of tests/test_mpi_pypi.py (mpi4py, no Horovod) with MPI under NAME (its
+    own tag from the same cached layers: the "cluster" group's image of that spec is not rebuilt
+    under it), written as a .sif: (spec, .sif)."""
+    from test_mpi_pypi import spec_file
 
     base_image()
-    (ac_shared / "mpich").mkdir()
-    spec = spec_file(ac_shared / "mpich", "mpi-mpich-pypi-ac", MPICH)
-    out = ac_shared / "mpich" / "image"
+    (ac_shared / name).mkdir()
+    spec = spec_file(ac_shared / name, name, mpi)
+    out = ac_shared / name / "image"
     probe = run_envbuilder("build", str(spec), "--no-build", "--out", str(out))
     assert probe.code == 0, probe.err
     keep_for_run(json.loads((out / "manifest.json").read_text())["image"]["tag"])
@@ -339,9 +340,23 @@ def mpich_sif(ac_shared):
     r = run_envbuilder("build", str(spec), "--out", str(out), "--sif", "--ca-bundle", CA_BUNDLE,
                        "--wheelhouse", wheelhouse(), timeout=2400)
     assert r.code == 0, r.err[-3000:]
-    print(f"\nMPICH wheel image: build + envbuilder's .sif {time.time() - t0:.0f} s")
-    chown_tree(ac_shared / "mpich", BUILDER_UID)
-    return spec, out / "mpi-mpich-pypi-ac.sif"
+    print(f"\n{name}: build + envbuilder's .sif {time.time() - t0:.0f} s")
+    chown_tree(ac_shared / name, BUILDER_UID)
+    return spec, out / f"{name}.sif"
+
+
+@pytest.fixture(scope="module")
+def mpich_sif(ac_shared):
+    from test_mpi_pypi import MPICH
+
+    return wheel_sif(ac_shared, "mpi-mpich-pypi-ac", MPICH)
+
+
+@pytest.fixture(scope="module")
+def ompi_sif(ac_shared):
+    from test_mpi_pypi import OMPI
+
+    return wheel_sif(ac_shared, "mpi-ompi-pypi-ac", OMPI)
 
 
 @pytest.fixture
@@ -374,11 +389,12 @@ json.dump({"rank": c.rank, "size": c.size, "host": socket.gethostname(), "sum": 
 """
 
 
-def mpi_job(ac_shared: Path, spec: Path, name: str, extra: str, sif: Path) -> tuple[list[dict], Path, float]:
-    """job.sbatch of SPEC with the site plus EXTRA (srun --mpi=pmi2: the MPICH wheel's PMI) running
+def mpi_job(ac_shared: Path, spec: Path, name: str, extra: str, sif: Path,
+            pmi: str = "pmi2") -> tuple[list[dict], Path, float]:
+    """job.sbatch of SPEC with the site plus EXTRA (srun --mpi=PMI: pmi2 for the MPICH wheel) running
     MPI_RECORD on 2 nodes x 2 ranks: (the ranks' records in rank order, the job folder, seconds)."""
     site = site_variant(ac_shared, name, extra)
-    site.write_text(site.read_text().replace("pmi: pmix", "pmi: pmi2"))
+    site.write_text(site.read_text().replace("pmi: pmix", f"pmi: {pmi}"))
     job = ac_shared / f"job-{name}"
     r = run_envbuilder("build", str(spec), "--site", str(site), "--no-build", "--out", str(job))
     assert r.code == 0, r.err
@@ -426,3 +442,14 @@ def test_intel_mpi_injected_as_the_site_mpi_through_apptainer_on_two_nodes(ac_sh
     assert p.returncode == 0, p.stdout[-4000:]
     print(f"MPICH wheel through Apptainer, 2 x 2 (pmi2): job {own_s:.0f} s; Intel MPI injected into its .sif: job "
           f"{wall:.0f} s; verify --slurm passed")
+
+
+@long_build
+def test_open_mpi_wheel_allreduce_through_apptainer_under_pmix_on_two_nodes(ac_shared, ompi_sif):
+    """The Open MPI 5.0.11 wheel (its PMIx 5 client against Slurm 24.11's PMIx 5 server) through
+    Apptainer, srun --mpi=pmix, 2 nodes x 2 ranks: every rank on the image's libmpi.so.40, the sum
+    exact. Outside CI's budget (another image and .sif): ENVBUILDER_LONG_BUILDS=1."""
+    spec, sif = ompi_sif
+    recs, _, wall = mpi_job(ac_shared, spec, "ac-ompi", "", sif, pmi="pmix")
+    assert all(r["lib"].startswith("Open MPI v5.0.11") and r["path"] == "/opt/venv/lib/libmpi.so.40" for r in recs), recs
+    print(f"Open MPI 5.0.11 wheel through Apptainer, 2 x 2 (pmix): job {wall:.0f} s")

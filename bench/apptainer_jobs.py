@@ -15,8 +15,8 @@ Debian's Open MPI 4.1.4), 2 nodes x 2 ranks, through envbuilder's job.sbatch.
   its ranks busy-poll, and 4 ranks on 2 shared cores starve each other without it.
 
 Runs take turns (--repeat N: medians); both clusters must be up (.ci/setup starts them). The image
-is built from the build cache (or built); what the script makes in the shared folders goes at the
-end, the charliecloud directory stays in the default cache of the multi-node cluster.
+is built from the build cache (or built; a build gives a new image id, hence a new charliecloud
+directory); what the script makes in the shared folders, that directory included, goes at the end.
 """
 
 from __future__ import annotations
@@ -147,14 +147,19 @@ def main() -> int:
             sys.exit(f"the {flavor} cluster is not up: tools/minicluster --flavor {flavor} start\n{s.stderr}")
     tag = f"bench-{uuid.uuid4().hex[:6]}"
     ac_work, mc_work = AC / "shared" / tag, MC / "shared" / tag
+    made: list[Path] = []
     try:
-        return measure(args, ac_work, mc_work)
+        return measure(args, ac_work, mc_work, made)
     finally:
+        from envbuilder.runtimes.charliecloud import remove_directory_image
+
         shutil.rmtree(ac_work, ignore_errors=True)
         shutil.rmtree(mc_work, ignore_errors=True)
+        for directory in made:
+            remove_directory_image(directory)
 
 
-def measure(args, ac_work: Path, mc_work: Path) -> int:
+def measure(args, ac_work: Path, mc_work: Path, made: list[Path]) -> int:
     from envbuilder.runtimes.charliecloud import charliecloud_dir
 
     wheels = "/opt/wheels"
@@ -176,7 +181,11 @@ def measure(args, ac_work: Path, mc_work: Path) -> int:
     t0 = time.time()
     mc = mc_work / "cpu-torch"
     envbuilder("build", "recipes/cpu-torch.yaml", "--site", "minicluster", "--no-build", "--out", str(mc))
-    directory, _ = charliecloud_dir(image_tag, MC / "shared" / "charliecloud")
+    cache = MC / "shared" / "charliecloud"
+    cache.mkdir(parents=True, exist_ok=True)
+    before = set(cache.iterdir())
+    directory, _ = charliecloud_dir(image_tag, cache)
+    made.extend(set(cache.iterdir()) - before)       # removed at the end (main)
     setup_mc = time.time() - t0
 
     kinds = {"apptainer": (img, sif, True), "charliecloud": (mc, directory, False),

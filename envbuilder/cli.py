@@ -228,6 +228,9 @@ def _verify_args(p):
     from .verify.cli import add_arguments
 
     add_arguments(p)
+    p.add_argument("--attest", metavar="FILE",
+                   help="after a PASSING run only: write its in-toto attestation (subject: the image's "
+                        "sha256 or ID) to FILE, for `envbuilder attest sign` (docs/attestation.md)")
 
 
 @command("verify", "run the smoke suite in an image (or on the host) and report")
@@ -235,6 +238,67 @@ def cmd_verify(args) -> int:
     from .verify.cli import run
 
     return run(args)
+
+
+# --- attest (signed proof of a passing verify) ---------------------------------------------------
+
+def _attest_args(p):
+    from .attest.commands import FORMATS
+
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    s = sub.add_parser("sign", help="sign a verify attestation with your key (cosign bundle beside a SIF, "
+                                    "apptainer sign with it in the SIF's signed group, or cosign attest in a registry)",
+                       epilog=epilog("attest"))
+    s.add_argument("statement", metavar="STATEMENT", help="the file `envbuilder verify --attest` wrote")
+    s.add_argument("--key", required=True, metavar="KEY",
+                   help="your PEM private key (cosign.key; for --format apptainer an openssl PEM key); "
+                        "an encrypted cosign key's password: COSIGN_PASSWORD")
+    s.add_argument("--image", required=True, metavar="SIF|REPO@sha256:D", help="the image verify ran")
+    s.add_argument("--format", choices=FORMATS, default="auto",
+                   help="cosign (bundle STATEMENT.bundle), apptainer (in the SIF), registry (cosign attest); "
+                        "auto: registry for REPO@sha256:D, cosign for a file")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    c = sub.add_parser("check", help="check an image has a valid, signed, passing attestation of this stack "
+                                     "(exit 0; else exit 2 naming what failed)", epilog=epilog("attest"))
+    c.add_argument("--image", required=True, metavar="SIF|REPO@sha256:D", help="the image to run")
+    c.add_argument("--key", action="append", default=[], metavar="PUB", help="a trusted public key (repeatable)")
+    c.add_argument("--format", choices=FORMATS, default="auto",
+                   help="auto: registry for REPO@sha256:D, cosign when IMAGE.att.json exists, else apptainer")
+    c.add_argument("--attestation", metavar="FILE", help="the statement (default IMAGE.att.json)")
+    c.add_argument("--bundle", metavar="FILE", help="its cosign bundle (default ATTESTATION.bundle)")
+    c.add_argument("--stack", metavar="ID", help="the stack it must be of (lock:HEX or spec:HEX)")
+    c.add_argument("--folder", metavar="FOLDER", help="the stack of this output folder's manifest.json")
+    c.add_argument("--pulled", metavar="REF", help="registry: the local image pulled by that digest, whose "
+                                                  "ID must be the image verify ran")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    v = sub.add_parser("provenance", help="write FOLDER/provenance.intoto.json: the build's inputs and image",
+                       epilog=epilog("attest"))
+    v.add_argument("folder", metavar="FOLDER", help="output folder of envbuilder build (built)")
+    v.add_argument("--out", metavar="FILE", help="where to write it (default FOLDER/provenance.intoto.json)")
+    v.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+@command("attest", "sign and check the attestation of a passing verify (sign, check, provenance)")
+def cmd_attest(args) -> int:
+    from .attest import commands
+
+    if args.action == "sign":
+        line = commands.sign(args.statement, args.key, args.image, args.format)
+    elif args.action == "check":
+        passed = commands.run_check(args.image, args.key, fmt=args.format, attestation=args.attestation,
+                                    bundle=args.bundle, stack=args.stack, folder=args.folder, pulled=args.pulled)
+        if args.json:
+            _print_json({"ok": True, "form": passed.form, "subject": passed.subject, "key": passed.key,
+                         "stack": passed.stack})
+            return 0
+        line = passed.line(args.image)
+    else:
+        line = commands.provenance(args.folder, args.out)
+    if args.json:
+        _print_json({"ok": True, "message": line})
+    else:
+        print(line)
+    return 0
 
 
 from .lockcmd import cmd_diff, cmd_lock, diff_args, lock_args  # noqa: E402
@@ -249,7 +313,7 @@ def _check_args(p):
 
 ARGS = {"check": _check_args, "build": _build_args, "lock": lock_args, "diff": diff_args, "presets": lambda p: p.add_argument(
     "--json", action="store_true", help="machine-readable output"), "schema": lambda p: None,
-        "verify": _verify_args, "sif": _sif_args, "compare": _compare_args}
+        "verify": _verify_args, "sif": _sif_args, "compare": _compare_args, "attest": _attest_args}
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -22,7 +22,7 @@ from ..paths import MANIFEST_IN_IMAGE as IMAGE_MANIFEST, SMOKE_DIR
 from ..quoting import sbatch_value, shell_assign, shell_default, shell_word
 from ..plan.job import HostSoftware, Image, JobPlan, SiteMpi
 from .common import header
-from .sbatch_sections import nodelocal, preflight, staging, tfconfig, vetting
+from .sbatch_sections import attestation, nodelocal, preflight, staging, tfconfig, vetting
 
 
 def _directives(plan: JobPlan) -> list[str]:
@@ -88,6 +88,7 @@ def _paths(plan: JobPlan) -> list[str]:
     if plan.image:
         out.append(f'IMAGE="${{ENVBUILDER_IMAGE:-{_image_default(plan.image)}}}"')
         out += plan.runtime.check_image
+        out += attestation.batch_lines(plan)
         out.append("export IMAGE   # node_setup checks it on every node")
     if plan.sweep:
         out.append('OUTPUT_DIR="${OUTPUT_DIR:-$JOB_DIR/runs/${SLURM_ARRAY_JOB_ID:-local}}/'
@@ -340,6 +341,7 @@ def _rank_setup(plan: JobPlan) -> list[str]:
         *(['    case $IMAGE in  # a file or folder (not a registry reference pyxis pulls)',
            '        /*|./*|../*) [ -e "$IMAGE" ] || die "image \'$IMAGE\' does not exist on node $(hostname)" ;;',
            '    esac'] if plan.runtime.container else []),
+        *attestation.node_lines(plan),
         *(["    gpu_preflight"] if plan.gpu else []),
         *staging.node_setup_lines(plan),
         "}",

@@ -129,12 +129,14 @@ class Cluster:
     fabric: str | None = None
     bandwidth_floor: tuple[tuple[str, str], ...] = ()
     vet_min_nodes: int | None = None
+    attestation: str | None = None
+    attestation_keys: tuple[str, ...] = ()
 
     # keys added after the first release: left out of the spec hash while unset, so that
     # existing specs keep their hash (and their image tags)
     LATER_KEYS = ("pmi", "venv", "modules", "env", "stage", "local_scratch", "sweep", "monitor",
                   "arch", "gpu", "driver", "local_cleanup", "site_mpi", "site_mpi_abi", "site_mpi_env", "fabric",
-                  "bandwidth_floor", "vet_min_nodes")
+                  "bandwidth_floor", "vet_min_nodes", "attestation", "attestation_keys")
 
     def canonical(self) -> dict:
         out = {}

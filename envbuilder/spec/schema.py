@@ -77,6 +77,8 @@ HOROVOD_OPS = ("nccl", "mpi", "gloo")
 BASE_FROM = ("auto", "registry", "docker-daemon", "docker-archive", "oci-archive")
 RUNTIMES = JOB_RUNTIMES     # the registry in runtimes/__init__.py decides which exist
 MONITORS = ("tensorboard", "timeline")
+ATTESTATION_POLICIES = ("require", "warn", "off")   # the job's attestation gate (render/sbatch_sections/attestation.py)
+KEY_PATH_RE = re.compile(r"/[A-Za-z0-9._+@=,-][A-Za-z0-9._+@=,/-]*")
 LOCAL_CLEANUPS = ("job", "epilog", "slurm")   # who removes the node-local folder (render/sbatch_sections/nodelocal.py)
 DISTRIBUTED = ("horovod", "torch", "tf-multiworker", "none")
 TORCH_BACKENDS = ("nccl", "gloo", "mpi")
@@ -261,6 +263,16 @@ SPEC_FIELDS: dict[str, Field] = {
                        items=Field("string", "NAME=v1,v2,...", pattern=SWEEP_RE,
                                    pattern_hint="NAME=value1,value2 (NAME: letters, digits, _)"),
                        default=[], example=["LR=0.1,0.01", "BATCH=32,64"]),
+        "attestation": s("The job's attestation gate (a site profile's key; docs/attestation.md): before any "
+                         "rank, job.sbatch checks that the image has a signed attestation of a passing "
+                         "verify of this stack (cosign bundle IMAGE.att.json.bundle, signed by one of "
+                         "attestation_keys). require: refused -> exit 2 naming what failed; warn: says so "
+                         "and runs; off (default): no check.", enum=ATTESTATION_POLICIES),
+        "attestation_keys": Field("list", "Trusted public keys of the attestation gate (a site profile's "
+                                  "key): absolute paths of PEM public keys on the cluster; never private keys.",
+                                  items=Field("string", "entry", pattern=KEY_PATH_RE,
+                                              pattern_hint="absolute paths such as /etc/envbuilder/keys/site.pub"),
+                                  default=[], example=["/etc/envbuilder/keys/site.pub"]),
         "vet_min_nodes": i("Node vetting before training (off when unset): every node runs the image's "
                            "own check (a known-answer compute check, an allreduce within the node, the "
                            "fabric's device); failing or slow nodes (under half the best node's compute "

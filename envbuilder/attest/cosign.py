@@ -33,12 +33,12 @@ def cosign() -> str:
     return exe
 
 
-def _run(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+def _run(argv: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run([cosign(), *args], capture_output=True, text=True, timeout=timeout,
+        return subprocess.run([cosign(), *argv], capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise EnvbuilderError("cosign", f"cosign {args[0]} took more than {timeout} s", "") from None
+        raise EnvbuilderError("cosign", f"cosign {argv[0]} took more than {timeout} s", "") from None
 
 
 def _error_line(proc: subprocess.CompletedProcess) -> str:

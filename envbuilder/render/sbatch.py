@@ -87,8 +87,8 @@ def _paths(plan: JobPlan) -> list[str]:
     ]
     if plan.image:
         out.append(f'IMAGE="${{ENVBUILDER_IMAGE:-{_image_default(plan.image)}}}"')
+        out += attestation.batch_lines(plan)     # the file as given, before a runtime mounts it
         out += plan.runtime.check_image
-        out += attestation.batch_lines(plan)
         out.append("export IMAGE   # node_setup checks it on every node")
     if plan.sweep:
         out.append('OUTPUT_DIR="${OUTPUT_DIR:-$JOB_DIR/runs/${SLURM_ARRAY_JOB_ID:-local}}/'

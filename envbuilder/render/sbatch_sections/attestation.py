@@ -58,7 +58,7 @@ def batch_lines(plan: JobPlan) -> list[str]:
         '    [ -n "$ok" ] || { attest_refuse "wrong key: the signature on $att verifies with none of ${ATTEST_KEYS[*]} (signed by another key, or changed after signing)"; return; }',
         "    # the image is hashed once, here; node_setup reuses the digest where the file is the same",
         '    ATTEST_DIGEST=$(sha256sum "$IMAGE" | cut -d" " -f1)',
-        '    ATTEST_STAT=$(stat -Lc "%s %Y %i" "$IMAGE")',
+        '    ATTEST_STAT=$(stat -Lc "%s %Y %i" "$IMAGE") ATTEST_IMAGE=$IMAGE',
         '    line=$(printf \'  "gate": "result=passed subject=sha256:%s stack=%s",\' "$ATTEST_DIGEST" "$ATTEST_STACK")',
         '    n=$(grep -cFx -- "$line" "$att" || true)',
         '    if [ "$n" != 1 ]; then',
@@ -72,7 +72,7 @@ def batch_lines(plan: JobPlan) -> list[str]:
         "        return",
         "    fi",
         '    note "attestation ok: $IMAGE sha256:${ATTEST_DIGEST:0:12}... passed verify of stack ${ATTEST_STACK:0:17}..., signed by $ok (checked in $((SECONDS - t0)) s)"',
-        "    export ATTEST_DIGEST ATTEST_STAT",
+        "    export ATTEST_DIGEST ATTEST_STAT ATTEST_IMAGE",
         "}",
         "attest_gate || true",
     ]
@@ -83,8 +83,8 @@ def node_lines(plan: JobPlan) -> list[str]:
     if plan.attestation is None:
         return []
     return [
-        '    if [ -n "${ATTEST_DIGEST:-}" ] && [ "$(stat -Lc "%s %Y %i" "$IMAGE")" != "$ATTEST_STAT" ] \\',
-        '            && [ "$(sha256sum "$IMAGE" | cut -d" " -f1)" != "$ATTEST_DIGEST" ]; then',
-        '        die "attestation: digest differs: node $(hostname) sees another $IMAGE than the one checked"',
+        '    if [ -n "${ATTEST_DIGEST:-}" ] && [ "$(stat -Lc "%s %Y %i" "$ATTEST_IMAGE")" != "$ATTEST_STAT" ] \\',
+        '            && [ "$(sha256sum "$ATTEST_IMAGE" | cut -d" " -f1)" != "$ATTEST_DIGEST" ]; then',
+        '        die "attestation: digest differs: node $(hostname) sees another $ATTEST_IMAGE than the one checked"',
         "    fi",
     ]

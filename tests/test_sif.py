@@ -148,11 +148,33 @@ def test_compare_reads_the_sif_and_finds_the_images_files(torch_sif):
 
 # --- running the content ------------------------------------------------------------------------
 
-def test_verify_sif_runs_the_suite_from_its_squashfs_with_two_ranks(torch_sif, tmp_path):
+@pytest.fixture(scope="module")
+def sif_verified(torch_sif, tmp_path_factory):
+    """`verify x.sif --ranks 2 --attest x.sif.att.json`, once: the report, the attestation beside
+    the SIF (written because the run passed: docs/attestation.md) and a cosign key pair of the
+    site's, made by cosign (tests make keys; envbuilder never does)."""
     _, sif, _, _ = torch_sif
-    report = tmp_path / "report.json"
+    work = tmp_path_factory.mktemp("sif-verify")
+    report = work / "report.json"
+    att = Path(f"{sif}.att.json")
     t0 = time.time()
-    r = run_envbuilder("verify", str(sif), "--ranks", "2", "--report", str(report), timeout=900)
+    r = run_envbuilder("verify", str(sif), "--ranks", "2", "--report", str(report), "--attest", str(att),
+                       timeout=900)
+    wall = time.time() - t0
+    keys = None
+    if shutil.which("cosign"):
+        subprocess.run(["cosign", "generate-key-pair"], cwd=work, capture_output=True, env={**os.environ, **COSIGN_ENV},
+                       check=True, timeout=60)
+        keys = (work / "cosign.key", work / "cosign.pub")
+    return r, report, att, keys, wall
+
+
+COSIGN_ENV = {"COSIGN_PASSWORD": ""}
+
+
+def test_verify_sif_runs_the_suite_from_its_squashfs_with_two_ranks(torch_sif, sif_verified):
+    _, sif, _, _ = torch_sif
+    r, report, att, _, wall = sif_verified
     assert r.code == 0, r.out[-3000:] + r.err[-3000:]
     data = json.loads(report.read_text())
     checks = {c["name"]: c for c in data["checks"]}
@@ -162,15 +184,87 @@ def test_verify_sif_runs_the_suite_from_its_squashfs_with_two_ranks(torch_sif, t
     assert data["verify"]["runtime"] == "charliecloud"
     assert data["sif"]["partition"]["arch"] == "amd64"
     assert f"(charliecloud, SIF {sif})" in r.out
-    print(f"verify x.sif: {time.time() - t0:.0f} s")
+    # the run passed: its attestation names the SIF's bytes and what passed
+    st = json.loads(att.read_text())
+    assert st["subject"][0]["digest"]["sha256"] == sha256(sif)
+    assert st["predicate"]["summary"] == data["summary"] and st["predicate"]["result"] == "passed"
+    assert st["predicate"]["stack"]["id"].startswith("lock:")
+    print(f"verify x.sif: {wall:.0f} s")
 
 
-def test_sbatch_job_runs_the_sif_with_charliecloud(torch_sif, tmp_path):
-    require_slurm()
+def test_sif_attestation_signed_with_cosign_checks(torch_sif, sif_verified):
+    require_binary("cosign", "bash .ci/install-cosign.sh")
     out, sif, _, _ = torch_sif
+    _, _, att, keys, _ = sif_verified
+    t0 = time.time()
+    r = run_envbuilder("attest", "sign", str(att), "--key", str(keys[0]), "--image", str(sif), env=COSIGN_ENV)
+    assert r.code == 0, r.err
+    t1 = time.time()
+    r = run_envbuilder("attest", "check", "--image", str(sif), "--key", str(keys[1]), "--folder", str(out))
+    assert r.code == 0 and "attestation ok:" in r.out, r.err
+    print(f"attest sign (cosign bundle): {t1 - t0:.1f} s; attest check of the {sif.stat().st_size >> 20} MiB SIF: "
+          f"{time.time() - t1:.1f} s")
+
+
+def test_sif_attestation_in_apptainers_signed_group(torch_sif, sif_verified, tmp_path):
+    """apptainer sif add (group 1) + apptainer sign with an Ed25519 PEM key, as the non-root user:
+    apptainer verify alone proves the file system and the attestation; one byte changed in the
+    attestation object is refused (exit 2, one message)."""
+    from apptainer_build import BUILDER_UID, chown_tree, in_apptainer_node
+    from infra import require_apptainer_node
+
+    require_apptainer_node()
+    out, sif, _, _ = torch_sif
+    _, _, att, _, _ = sif_verified
+    work = tmp_path / "asign"
+    work.mkdir()
+    shutil.copy(sif, work / "x.sif")
+    shutil.copy(att, work / "x.sif.att.json")
+    for name, cmd in (("key.pem", ["openssl", "genpkey", "-algorithm", "ed25519", "-out"]),):
+        subprocess.run([*cmd, str(work / name)], check=True, capture_output=True)
+    subprocess.run(["openssl", "pkey", "-in", str(work / "key.pem"), "-pubout", "-out", str(work / "pub.pem")],
+                   check=True, capture_output=True)
+    stack = json.loads(att.read_text())["predicate"]["stack"]["id"]
+    chown_tree(work, BUILDER_UID)
+    script = (f"cd {work} && t0=$(date +%s%N) && python -m envbuilder attest sign x.sif.att.json --key key.pem "
+              f"--image x.sif --format apptainer && t1=$(date +%s%N) && "
+              f"python -m envbuilder attest check --image x.sif --key pub.pem --format apptainer --stack {stack} && "
+              "t2=$(date +%s%N) && apptainer verify --key pub.pem x.sif && "
+              'echo "figures: sign $(( (t1 - t0) / 1000000 )) ms, check $(( (t2 - t1) / 1000000 )) ms"')
+    proc = in_apptainer_node([str(work)], "bash", "-c", script, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "[apptainer signed group]" in proc.stdout and "Verified signature(s)" in proc.stdout + proc.stderr
+    print(next(l for l in proc.stdout.splitlines() if l.startswith("figures:")))
+    # one byte of the attestation object changed in the file
+    data = (work / "x.sif").read_bytes()
+    at = data.rindex(b'"pass": ')
+    with open(work / "x.sif", "r+b") as fh:
+        fh.seek(at + 8)
+        fh.write(b"9")
+    proc = in_apptainer_node([str(work)], "bash", "-c",
+                             f"cd {work} && python -m envbuilder attest check --image x.sif --key pub.pem --format apptainer",
+                             timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "attestation: digest differs: x.sif changed after it was signed" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    print(proc.stderr.strip().splitlines()[0])
+
+
+def test_sbatch_job_runs_the_sif_with_charliecloud(torch_sif, sif_verified, tmp_path):
+    """The job of a site that requires an attestation (docs/attestation.md): the gate checks the
+    SIF's signed attestation in the batch step, then the ranks run."""
+    require_slurm()
+    require_binary("cosign", "bash .ci/install-cosign.sh")
+    out, sif, _, _ = torch_sif
+    _, _, att, keys, _ = sif_verified
+    if not Path(f"{att}.bundle").is_file():
+        r = run_envbuilder("attest", "sign", str(att), "--key", str(keys[0]), "--image", str(sif), env=COSIGN_ENV)
+        assert r.code == 0, r.err
+    site = tmp_path / "gated.yaml"
+    site.write_text(f"name: gated\nruntime: charliecloud\nattestation: require\nattestation_keys: [{keys[1]}]\n")
     folder = tmp_path / "job"
     r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(folder),
-                       "--runtime", "charliecloud")
+                       "--site", str(site), "--lock", str(out / "envbuilder.lock"))
     assert r.code == 0, r.err
     report = tmp_path / "slurm-report.json"
     t0 = time.time()
@@ -185,7 +279,63 @@ def test_sbatch_job_runs_the_sif_with_charliecloud(torch_sif, tmp_path):
     assert set(names["train.pytorch[mpi]"]["ranks"]) == {"0", "1"}
     log = Path(data["slurm"]["log"]).read_text()
     assert "mounted the SquashFS partition of" in log
+    gate = next(l for l in log.splitlines() if "attestation ok:" in l)
+    assert log.index("attestation ok:") < log.index("mounted the SquashFS partition of")
+    print(gate)
     print(f"verify --slurm with the SIF: {time.time() - t0:.0f} s, job {data['slurm']['elapsed_s']} s")
+
+
+def test_registry_round_trip_attested_by_digest(torch_sif, sif_verified, tmp_path):
+    """The cpu-torch image verified, pushed to the loopback registry by digest, attested there with
+    cosign, pulled back by that digest and checked on the pulled image; the tag then moved to
+    another image: the old attestation does not carry over (replay)."""
+    from infra import require_registry
+
+    registry = require_registry()
+    require_binary("cosign", "bash .ci/install-cosign.sh")
+    out, _, info, _ = torch_sif
+    _, _, _, keys, _ = sif_verified
+    docker = docker_cli()
+    att = tmp_path / "image.att.json"
+    t0 = time.time()
+    r = run_envbuilder("verify", str(out), "--image", info["tag"], "--ranks", "2", "--launcher", "mpi",
+                       "--attest", str(att), timeout=900)
+    assert r.code == 0 and att.is_file(), r.out[-2000:] + r.err[-2000:]
+    t_verify = time.time() - t0
+    repo = f"{registry}/envbuilder-tests/cpu-torch-horovod"
+    tag = f"{repo}:run-{os.getpid()}"
+    subprocess.run([docker, "tag", info["tag"], tag], check=True, capture_output=True)
+    try:
+        t0 = time.time()
+        push = subprocess.run([docker, "push", tag], capture_output=True, text=True, timeout=900)
+        assert push.returncode == 0, push.stderr
+        t_push = time.time() - t0
+        digest = re.search(r"digest: (sha256:[0-9a-f]{64})", push.stdout).group(1)
+        ref = f"{repo}@{digest}"
+        t0 = time.time()
+        r = run_envbuilder("attest", "sign", str(att), "--key", str(keys[0]), "--image", ref, env=COSIGN_ENV)
+        assert r.code == 0, r.err
+        t_sign = time.time() - t0
+        subprocess.run([docker, "rmi", tag], check=True, capture_output=True)
+        pull = subprocess.run([docker, "pull", ref], capture_output=True, text=True, timeout=600)
+        assert pull.returncode == 0, pull.stderr
+        t0 = time.time()
+        r = run_envbuilder("attest", "check", "--image", ref, "--key", str(keys[1]), "--folder", str(out),
+                           "--pulled", ref)
+        assert r.code == 0 and "[cosign registry attestation]" in r.out, r.err
+        print(f"registry: verify {t_verify:.0f} s, push {t_push:.0f} s, cosign attest {t_sign:.1f} s, "
+              f"check on the pulled image {time.time() - t0:.1f} s")
+        # the tag rebuilt (here: another image pushed under it): its new digest has no attestation
+        subprocess.run([docker, "tag", BASE_IMAGE, tag], check=True, capture_output=True)
+        push = subprocess.run([docker, "push", tag], capture_output=True, text=True, timeout=600)
+        assert push.returncode == 0, push.stderr
+        moved = f"{repo}@" + re.search(r"digest: (sha256:[0-9a-f]{64})", push.stdout).group(1)
+        r = run_envbuilder("attest", "check", "--image", moved, "--key", str(keys[1]), "--folder", str(out))
+        assert r.code == 2 and "attestation: no attestation" in r.err and "Traceback" not in r.err, r.err
+        print(r.err.splitlines()[0])
+    finally:
+        subprocess.run([docker, "rmi", tag], capture_output=True)
+        subprocess.run([docker, "rmi", ref], capture_output=True)
 
 
 # --- bit-identical --------------------------------------------------------------------------------

@@ -148,6 +148,25 @@ def test_a_failed_or_partial_verify_never_yields_a_statement(case, tmp_path):
         verify_statement(rep, manifest(), {"name": "x", "digest": {"sha256": "0" * 64}})
 
 
+def test_a_real_failed_verify_writes_no_attestation(tmp_path):
+    """The suite for real (the host's smoke Python, no multi-rank run) against a manifest that
+    expects another torch: verify fails (exit 1) and --attest writes nothing."""
+    from infra import smoke_python
+
+    python = smoke_python()
+    if python is None:
+        pytest.skip("no host smoke environment (.ci/make-smoke-venv.sh)")
+    bad = manifest()
+    bad["expect"]["framework"]["version"] = "9.9.9"
+    (tmp_path / "manifest.json").write_text(json.dumps(bad))
+    out = tmp_path / "x.att.json"
+    r = run_envbuilder("verify", "--runtime", "host", "--manifest", str(tmp_path / "manifest.json"), "--python", python,
+                       "--launcher", "none", "--attest", str(out), timeout=300)
+    assert r.code == 1, r.out[-2000:] + r.err[-2000:]
+    assert "no attestation written: " in r.err and "versions.framework" in r.err, r.err
+    assert not out.exists()
+
+
 def test_sign_refuses_a_statement_of_another_image(signed, keys, tmp_path):
     _, att = signed
     other = tmp_path / "other.sif"
@@ -304,6 +323,13 @@ def gated_folder(tmp_path: Path, policy: str, pub: Path) -> Path:
     text = (out / "job.sbatch").read_text()
     assert text.index("attest_gate || true") < text.index("srun ")
     return out
+
+
+def test_gated_job_script_passes_shellcheck(tmp_path, keys):
+    folder = gated_folder(tmp_path, "require", keys["site"][1])
+    proc = subprocess.run([require_binary("shellcheck"), "-s", "bash", str(folder / "job.sbatch")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
 
 
 def run_job(folder: Path, image: Path) -> tuple[int, str]:

@@ -36,15 +36,17 @@ def check_out_path(out: str) -> None:
 
 
 def attest_after_verify(report: dict, image: str | None, manifest_path: Path | None, out: str, *,
-                        site: str | None = None, nodes: int = 1) -> str:
+                        site: str | None = None, nodes: int = 1, manifest: dict | None = None) -> str:
     """The statement of a passing verify, written to OUT; a failed or partial verify writes
-    nothing and says why (the verify's own exit code stays 1)."""
+    nothing and says why (the verify's own exit code stays 1). MANIFEST: the one verify compared
+    with (a SIF's own, when no folder was given); else read from MANIFEST_PATH."""
     problem = why_not_passing(report)
     if problem:
         return f"no attestation written: {problem}"
     if not image:
         return "no attestation written: verify ran on the host, not an image"
-    manifest = _manifest(manifest_path)
+    if not manifest:
+        manifest = _manifest(manifest_path)
     statement = verify_statement(report, manifest, subject_for(image), site=site, nodes=nodes)
     write_atomic(out, dumps(statement))
     return f"attestation: {out} (subject sha256:{statement['subject'][0]['digest']['sha256'][:12]}..., " \

@@ -169,7 +169,7 @@ def report_outcome(args, opts: VerifyOptions, target: Target, outcome: Outcome, 
         from ..attest.commands import attest_after_verify
 
         attested = attest_after_verify(report, target.image, target.manifest_path, args.attest,
-                                       nodes=getattr(args, "nodes", None) or 1)
+                                       nodes=getattr(args, "nodes", None) or 1, manifest=target.manifest)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
     else:

@@ -293,7 +293,7 @@ def cmd_attest(args) -> int:
             return 0
         line = passed.line(args.image)
     else:
-        line = commands.provenance(args.folder, args.out)
+        line = commands.provenance(args.folder, args.out) or ""
     if args.json:
         _print_json({"ok": True, "message": line})
     else:

@@ -216,6 +216,10 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
         if sif_now:
             with _step(steps, "sif", paths):
                 result["sif"] = make_sif_of(folder, result["image"], opts)
+        # the build's provenance (docs/attestation.md): its inputs' hashes, the engine, the image
+        from .attest.commands import provenance
+
+        result["provenance"] = provenance(str(folder), image=result["image"], by_build=True)
     finally:
         if steps and not opts.quiet:
             print_steps(steps)

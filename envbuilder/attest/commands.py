@@ -120,20 +120,28 @@ def run_check(image: str, keys: list[str], *, fmt: str = "auto", attestation: st
     return check.check_registry(image, keys, stack, pulled)
 
 
-def provenance(folder: str, out: str | None = None) -> str:
-    """FOLDER/provenance.intoto.json (or OUT): the build's inputs and the image it made."""
+def provenance(folder: str, out: str | None = None, image: dict | None = None,
+               by_build: bool = False) -> str | None:
+    """FOLDER/provenance.intoto.json (or OUT): the build's inputs and the image it made. IMAGE:
+    the build's record (`build` hands it over; else FOLDER/image.json). Called by `build`, a
+    folder without an image (no record, no .sif) gives None; called alone, one message."""
     f = Path(folder)
     manifest = _manifest(f / "manifest.json")
     files = {name: file_sha256(f / name) for name in ("Dockerfile", "Apptainer.def", "envbuilder.lock")
              if (f / name).is_file()}
     record_path = f / "image.json"
-    image = json.loads(bounded.read_text(record_path, "image.json")) if record_path.is_file() else {}
+    if image is None:
+        image = json.loads(bounded.read_text(record_path, "image.json")) if record_path.is_file() else {}
+        if not isinstance(image, dict):
+            image = {}
     sif = next(iter(sorted(f.glob("*.sif"))), None)
     if sif is not None:
         subject = file_subject(sif)
     elif image.get("id"):
         subject = {"name": image.get("tag") or manifest.get("name"),
                    "digest": {"sha256": str(image["id"]).removeprefix("sha256:")}}
+    elif by_build:
+        return None
     else:
         raise EnvbuilderError("provenance", f"{folder} holds no built image (no image.json, no .sif)",
                               "build it first: envbuilder build SPEC")

@@ -189,6 +189,13 @@ def test_verify_sif_runs_the_suite_from_its_squashfs_with_two_ranks(torch_sif, s
     assert st["subject"][0]["digest"]["sha256"] == sha256(sif)
     assert st["predicate"]["summary"] == data["summary"] and st["predicate"]["result"] == "passed"
     assert st["predicate"]["stack"]["id"].startswith("lock:")
+    # build wrote its provenance: the SIF it made, from these inputs
+    prov = json.loads((torch_sif[0] / "provenance.intoto.json").read_text())
+    assert prov["predicateType"] == "https://envbuilder.dev/attestation/build/v1"
+    assert prov["subject"][0]["digest"]["sha256"] == sha256(sif)
+    assert prov["predicate"]["stack"]["id"] == st["predicate"]["stack"]["id"]
+    assert set(prov["predicate"]["inputs"]["files"]) == {"Dockerfile", "Apptainer.def", "envbuilder.lock"}
+    assert prov["predicate"]["engine"] == "docker"
     print(f"verify x.sif: {wall:.0f} s")
 
 

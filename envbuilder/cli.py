@@ -77,6 +77,9 @@ def _build_args(p):
                    "password TOKEN): a BuildKit secret like --ca-bundle, never stored in the image")
     p.add_argument("--wheelhouse", help="folder of local wheels pip uses first (offline sites)")
     p.add_argument("--tag", help="image tag (default: envbuilder/<name>:<spec hash>)")
+    p.add_argument("--push", metavar="REPO[:TAG]",
+                   help="after the build, push the image to a registry and record its digest in image.json "
+                        "(REPO@sha256:D: what `envbuilder attest sign --image` takes); docker engine")
     p.add_argument("--sif", action="store_true",
                    help="also write <folder>/<name>.sif from the built image (no Apptainer needed: "
                         "tar2sqfs + siftool); same as `targets: [sif]`")

@@ -345,6 +345,46 @@ def test_registry_round_trip_attested_by_digest(torch_sif, sif_verified, tmp_pat
         subprocess.run([docker, "rmi", ref], capture_output=True)
 
 
+def test_build_push_records_the_registry_digest(torch_sif, tmp_path):
+    """`build --push REF` (the lock of the module's build, so the engine's cache makes it in
+    seconds; a tag of its own, so the module's image keeps its ID): the registry's digest in
+    image.json and in the build's provenance, and the registry serves that digest."""
+    from infra import require_registry
+
+    registry = require_registry()
+    out, _, _, _ = torch_sif
+    tag = f"envbuilder-tests/pushed:{os.getpid()}"
+    ref = f"{registry}/envbuilder-tests/pushed:{os.getpid()}"
+    folder = tmp_path / "pushed"
+    try:
+        r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(folder), "--lock",
+                           str(out / "envbuilder.lock"), "--tag", tag, "--ca-bundle", CA_BUNDLE,
+                           "--wheelhouse", wheelhouse(), "--push", ref, timeout=2400)
+        assert r.code == 0, r.err[-3000:]
+        pushed = json.loads((folder / "image.json").read_text())["pushed"]
+        assert pushed["ref"] == ref and re.fullmatch(r"sha256:[0-9a-f]{64}", pushed["digest"])
+        assert pushed["pinned"] == f"{registry}/envbuilder-tests/pushed@{pushed['digest']}"
+        assert f"pushed {ref}: {pushed['pinned']}" in r.out
+        prov = json.loads((folder / "provenance.intoto.json").read_text())
+        assert prov["predicate"]["image"]["pushed"] == pushed
+        pull = subprocess.run([docker_cli(), "pull", pushed["pinned"]], capture_output=True, text=True, timeout=600)
+        assert pull.returncode == 0, pull.stderr
+    finally:
+        for name in (ref, tag):
+            subprocess.run([docker_cli(), "rmi", name], capture_output=True)
+
+
+def test_build_push_refuses_a_bad_reference_before_building(tmp_path):
+    for ref, words in (("127.0.0.1:5000/x@sha256:" + "0" * 64, "is not a registry/repository[:tag]"),
+                       ("UPPER/case", "is not a registry/repository[:tag]")):
+        r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "o"), "--push", ref)
+        assert r.code == 2 and words in r.err and "--push" in r.err and "Traceback" not in r.err, r.err
+        assert not (tmp_path / "o").exists()
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "o"), "--engine", "apptainer",
+                       "--push", "127.0.0.1:5000/x:1")
+    assert r.code == 2 and "the apptainer engine cannot push here yet" in r.err, r.err
+
+
 # --- bit-identical --------------------------------------------------------------------------------
 
 def test_two_sifs_of_one_lock_are_the_same_bytes(torch_sif, tmp_path):

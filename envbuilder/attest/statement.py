@@ -138,7 +138,7 @@ def provenance_statement(manifest: dict, files: dict[str, str], image: dict, sub
         "inputs": {"files": files, "base": (manifest.get("image") or {}).get("base"),
                    "base_digests": lock.get("base")},
         "engine": image.get("engine"),
-        "image": {k: image.get(k) for k in ("tag", "id", "digest") if image.get(k)},
+        "image": {k: image.get(k) for k in ("tag", "id", "digest", "pushed") if image.get(k)},
         "envbuilder": __version__,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now)),
     }

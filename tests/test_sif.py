@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from apptainer_build import BUILDER_UID, chown_tree, in_apptainer_node
 from conftest import RECIPES, run_envbuilder
 from infra import (small_tmpfs, keep_for_run, BASE_IMAGE, base_image, docker_cli, require_binary, require_docker, require_slurm,
                    wheelhouse)
@@ -213,11 +214,56 @@ def test_sif_attestation_signed_with_cosign_checks(torch_sif, sif_verified):
           f"{time.time() - t1:.1f} s")
 
 
+def gate_on_the_apptainer_cluster(sif: Path, pub: Path, lock: Path) -> None:
+    """job.sbatch's gate in the apptainer form on the 2-node Apptainer cluster (Slurm 24.11, real
+    Apptainer on every node, no cosign there): the signed SIF starts on 2 nodes with `require`; the
+    start delay against `attestation: "off"`; an unsigned copy is refused with exit 2, nothing run."""
+    from infra import APPTAINER_CLUSTER_ROOT, apptainer_sbatch_until_done, require_apptainer_cluster
+
+    require_apptainer_cluster()
+    shared = Path(APPTAINER_CLUSTER_ROOT) / "shared" / "tests" / f"attest-{os.getpid()}-{time.strftime('%H%M%S')}"
+    shared.mkdir(parents=True)
+    try:
+        shutil.copy(sif, shared / "signed.sif")
+        shutil.copy(pub, shared / "site.pub")
+        site = (Path(__file__).resolve().parent.parent / "sites" / "minicluster-apptainer.yaml").read_text()
+        for policy in ("require", '"off"'):
+            profile = shared / f"site-{policy.strip(chr(34))}.yaml"
+            profile.write_text(site + f"\nattestation: {policy}\nattestation_keys: [{shared / 'site.pub'}]\n")
+            r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out",
+                               str(shared / f"job-{policy.strip(chr(34))}"), "--site", str(profile), "--lock", str(lock))
+            assert r.code == 0, r.err
+        chown_tree(shared, BUILDER_UID)
+        walls = {}
+        for policy in ("off", "require", "off", "require"):
+            folder = shared / f"job-{policy}"
+            t0 = time.time()
+            code, job_id, err = apptainer_sbatch_until_done(
+                ["--nodes", "2", "--ntasks-per-node", "1", "job.sbatch", "hostname"], folder,
+                env={"ENVBUILDER_IMAGE": str(shared / "signed.sif")}, timeout=300)
+            walls.setdefault(policy, []).append(time.time() - t0)
+            log = (folder / f"cpu-torch-horovod-{job_id}.out").read_text()
+            assert code == 0, log[-2000:] + err
+            assert ("attestation ok:" in log) == (policy == "require"), log[-2000:]
+        print(f"2-node job, submit to end: gate off {min(walls['off']):.1f} s, require {min(walls['require']):.1f} s")
+        # an unsigned copy of the same SIF: refused before any rank
+        shutil.copy(shared / "signed.sif", shared / "unsigned.sif")
+        subprocess.run(["siftool", "del", "8", str(shared / "unsigned.sif")], capture_output=True, check=True)
+        os.lchown(shared / "unsigned.sif", BUILDER_UID, BUILDER_UID)
+        code, job_id, _ = apptainer_sbatch_until_done(
+            ["--nodes", "2", "--ntasks-per-node", "1", "job.sbatch", "hostname"], shared / "job-require",
+            env={"ENVBUILDER_IMAGE": str(shared / "unsigned.sif")}, timeout=300)
+        log = (shared / "job-require" / f"cpu-torch-horovod-{job_id}.out").read_text()
+        assert code == 2 and "envbuilder: error: attestation: " in log and "ac-n" not in log, log[-2000:]
+        print(log.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
 def test_sif_attestation_in_apptainers_signed_group(torch_sif, sif_verified, tmp_path):
     """apptainer sif add (group 1) + apptainer sign with an Ed25519 PEM key, as the non-root user:
     apptainer verify alone proves the file system and the attestation; one byte changed in the
     attestation object is refused (exit 2, one message)."""
-    from apptainer_build import BUILDER_UID, chown_tree, in_apptainer_node
     from infra import require_apptainer_node
 
     require_apptainer_node()
@@ -242,6 +288,7 @@ def test_sif_attestation_in_apptainers_signed_group(torch_sif, sif_verified, tmp
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "[apptainer signed group]" in proc.stdout and "Verified signature(s)" in proc.stdout + proc.stderr
     print(next(l for l in proc.stdout.splitlines() if l.startswith("figures:")))
+    gate_on_the_apptainer_cluster(work / "x.sif", work / "pub.pem", out / "envbuilder.lock")
     # one byte of the attestation object changed in the file
     data = (work / "x.sif").read_bytes()
     at = data.rindex(b'"pass": ')

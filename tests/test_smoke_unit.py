@@ -539,3 +539,14 @@ def test_a_gpu_node_whose_driver_the_runtime_left_out_is_named_with_the_runtime_
     assert common.gpu_device_files() == [] or common.driver_library_loads()
     status, why = common.gpu_absent({"gpu": True}, no_gpu=False)
     assert status == common.FAIL and "run verify on a GPU node" in why
+
+
+def test_verify_reports_the_machine_architecture_against_the_images():
+    ok = static.check_arch({"arch": "x86_64"}, "x86_64")
+    assert ok["status"] == common.PASS and ok["figure"] == "x86_64"
+    assert static.check_arch({"arch": "aarch64"}, "arm64")["status"] == common.PASS   # macOS/BSD name
+    bad = static.check_arch({"arch": "aarch64"}, "x86_64")
+    assert bad["status"] == common.FAIL and bad["figure"] == "x86_64 != aarch64"
+    assert "built for aarch64 but runs on a x86_64 machine" in bad["detail"]
+    assert static.check_arch({}, "x86_64")["status"] == common.PASS      # an older manifest names none
+    assert static.check_arch({"arch": "x86_64"})["figure"] == os.uname().machine

@@ -61,20 +61,21 @@ def read(path: Path, shown: str, extras: tuple[str, ...] = ()) -> Found:
 
 
 def import_spec(path: str, *, name: str | None = None, base: str | None = None,
-                extras: tuple[str, ...] = (), out_name: str = "spec.yaml") -> tuple[str, dict]:
+                extras: tuple[str, ...] = (), out_name: str = "spec.yaml",
+                wheelhouse: str | None = None) -> tuple[str, dict]:
     """The spec's text for the file at ``path``, checked; (text, summary). Raises EnvbuilderError
     (exit 2) naming the user's file and line."""
     from ..compat.catalog import load_catalog
     from ..spec.model import spec_from_doc
     from ..spec.yamlsource import parse_yaml_text
     from ..stack import resolve
-    from .mapping import Mapper, origins, to_yaml
+    from .mapping import Mapper, origins, to_yaml, wheelhouse_versions
 
     found = read(Path(path), path, extras)
     if not found.name:      # requirements.txt names no project: the folder it lies in does
         found.name = Path(path).resolve().parent.name
     cat = load_catalog()
-    mapper = Mapper(found, cat)
+    mapper = Mapper(found, cat, wheelhouse_versions(wheelhouse))
     data = mapper.run(name, base)
     text = to_yaml(data, mapper, path)
     where = origins(data, mapper)

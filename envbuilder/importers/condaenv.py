@@ -73,8 +73,7 @@ def _pip_specifier(version: str, source: str, line: int | None, text: str) -> st
     try:
         return str(SpecifierSet(out.replace(".*.*", ".*")))
     except InvalidSpecifier:
-        raise refuse(source, line, f"{text[:80]!r}: version {version!r} is not one envbuilder reads",
-                     "write name=1.2.3, name=1.2 or name>=1.2,<2") from None
+        return "?"      # a conda version pip's rules do not read (jpeg=9e): kept as written, compared with nothing
 
 
 def read_environment_yml(path: Path, shown: str) -> Found:
@@ -116,6 +115,8 @@ def read_environment_yml(path: Path, shown: str) -> Found:
             found.python = (dep.version or "", shown, line)
         elif dep.name == "pip":
             continue
+        elif dep.name.startswith("_"):      # conda's own mutex packages (_libgcc_mutex): what the solver picks
+            found.notes.append(f"{shown}:{line}: {dep.text} not kept (a conda solver detail)")
         else:
             found.add(dep)
     return found

@@ -58,10 +58,35 @@ def _exact(spec: str) -> str | None:
     return m.group(1) if m and "*" not in spec else None
 
 
+def _specifier(d: Dep) -> str:
+    if d.version == "?":
+        raise refuse(d.source, d.line, f"{d.text}: its version is not one envbuilder can compare",
+                     "write a version such as 2.13.0, or a range >=2.1,<2.14")
+    return d.version or ">=0"
+
+
+def wheelhouse_versions(folder: str | None) -> dict[str, list[str]]:
+    """PEP 503 name -> versions of the wheels in a local folder (their file names only: nothing is
+    opened or run), for preferring the framework build a site's wheelhouse holds."""
+    from pathlib import Path
+
+    out: dict[str, list[str]] = {}
+    if not folder:
+        return out
+    for n, path in enumerate(sorted(Path(folder).glob("*.whl"))):
+        if n > 10_000:
+            break
+        parts = path.name.split("-")
+        if len(parts) >= 5:
+            out.setdefault(re.sub(r"[-_.]+", "-", parts[0]).lower(), []).append(parts[1])
+    return out
+
+
 class Mapper:
-    def __init__(self, found: Found, catalog: Catalog):
+    def __init__(self, found: Found, catalog: Catalog, wheelhouse: dict[str, list[str]] | None = None):
         self.found = found
         self.cat = catalog
+        self.wheelhouse = wheelhouse or {}
         self.origin: dict[str, tuple[str, int | None]] = {}
         self.comments: dict[str, str] = {}
         self.notes = list(found.notes)
@@ -162,6 +187,13 @@ class Mapper:
         if nvidia or bundled:
             self.notes.append(f"{', '.join(d.where for d in nvidia + bundled)}: NVIDIA's libraries come with the "
                               "framework and the cuda: section, not as packages")
+        index_url = None
+        if fw_name == "pytorch" and cuda is None and "+" not in fw_version:
+            # PyPI's Linux torch is the CUDA build: a CPU image takes the +cpu build from PyTorch's CPU index
+            fw_version += "+cpu"
+            index_url = self.cat.framework_index("pytorch", None)
+            self.notes.append(f"{first.where}: no CUDA part in {self.found.source}: a CPU image with torch's +cpu "
+                              "build (add cuda: {version: ..., source: pypi} for a GPU image)")
         # --- MPI
         mpi = self.mpi(deps, used, python)
         # --- Horovod
@@ -192,14 +224,17 @@ class Mapper:
             if id(d) in used:
                 continue
             if d.kind == "conda" and d.name in CONDA_TO_PIP:
-                text = d.name + d.version.replace(".*", ".*")
+                text = d.name + (d.version if d.version != "?" else "")
                 pip.append((text, d, f"conda's {d.text}, installed by pip against the image's "
                                      f"{'MPI' if d.name == 'mpi4py' else 'framework'}"))
             elif d.kind == "pip":
                 pip.append((d.text, d, d.note))
             else:
                 conda.append((d.text, d, d.note))
-        data: dict = {"name": self.name(name), "framework": {"name": fw_name, "version": fw_version}, "python": python}
+        framework = {"name": fw_name, "version": fw_version}
+        if index_url:
+            framework["index_url"] = index_url
+        data: dict = {"name": self.name(name), "framework": framework, "python": python}
         if base:
             data["base"] = base
         if cuda:
@@ -221,7 +256,17 @@ class Mapper:
 
         d = fw_deps[0]
         releases = self.cat.framework_releases(fw_name)
-        exact = _exact(d.version)
+        spec = _specifier(d)
+        exact = _exact(spec)
+        package = self.cat.framework(fw_name)["pip"]
+        if not exact and self.wheelhouse.get(package):
+            from packaging.specifiers import SpecifierSet
+
+            local = [v for v in self.wheelhouse[package] if SpecifierSet(spec).contains(v.split("+")[0])
+                     and self.cat.framework_known_patch(fw_name, v.split("+")[0])]
+            if local:
+                exact = max(local, key=lambda v: Version(v.split("+")[0]))
+                self.notes.append(f"{d.where}: {package} {exact} chosen from the wheelhouse (in {d.text})")
         if exact:
             plain, _, label = exact.partition("+")
             if not self.cat.framework_known_patch(fw_name, plain):
@@ -234,7 +279,7 @@ class Mapper:
         else:
             cands = [p for r in releases.values() for p in r["patches"]
                      if Version(r["python"][0]) <= Version(python) <= Version(r["python"][1])]
-            version = _newest(d.version or ">=0", cands) or ""
+            version = _newest(spec, cands) or ""
             if not version:
                 raise refuse(d.source, d.line, f"{d.text}: no {fw_name} release the catalog knows is in that range "
                              f"for Python {python}", "widen the range, or pin a release `envbuilder presets` lists")
@@ -245,13 +290,14 @@ class Mapper:
         return version, label or None
 
     def pick(self, d: Dep, known: list[str], what: str) -> str:
-        exact = _exact(d.version)
+        spec = _specifier(d)
+        exact = _exact(spec)
         if exact:
             if exact not in known:
                 raise refuse(d.source, d.line, f"{d.text}: the catalog knows no {what} {exact} "
                              f"(it knows {', '.join(known)})", f"pin one of {', '.join(known)}")
             return exact
-        got = _newest(d.version or ">=0", known)
+        got = _newest(spec, known)
         if not got:
             raise refuse(d.source, d.line, f"{d.text}: no {what} release the catalog knows is in that range "
                          f"({', '.join(known)})", "widen the range or pin one of them")

@@ -91,8 +91,9 @@ def parse_requirement(text: str, source: str, line: int | None, *, note: str = "
     problem = pip_requirement_problem(str(req))
     if problem:
         raise refuse(source, line, problem[0], problem[1])
-    return Dep("pip", canonical(req.name), str(req), str(req.specifier), source, line,
-               tuple(sorted(req.extras)), note)
+    # kept as the user wrote it (spaces and order), unless only the normalised form passes the spec's check
+    kept = text if not pip_requirement_problem(text) else str(req)
+    return Dep("pip", canonical(req.name), kept, str(req.specifier), source, line, tuple(sorted(req.extras)), note)
 
 
 class _Reader:

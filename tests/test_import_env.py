@@ -128,16 +128,18 @@ def test_nvidia_wheels_make_a_gpu_spec_with_cuda_from_pypi(tmp_path):
     assert "packages" not in spec                     # NVIDIA's wheels come with the framework
 
 
-def test_a_uv_lock_beside_pyproject_pins_its_dependencies(tmp_path):
+@pytest.mark.parametrize("lockname, table", [("uv.lock", "package"), ("pylock.toml", "packages")])
+def test_a_lock_beside_pyproject_pins_its_dependencies(tmp_path, lockname, table):
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "trainer"\nrequires-python = ">=3.11"\n'
                                              'dependencies = [\n  "torch>=2.1",\n  "numpy>=1.26",\n]\n')
-    (tmp_path / "uv.lock").write_text('version = 1\n[[package]]\nname = "numpy"\nversion = "1.26.4"\n'
-                                      '[[package]]\nname = "torch"\nversion = "2.13.0"\n')
-    r, out = _init(tmp_path, tmp_path)
+    (tmp_path / lockname).write_text(f'version = 1\n[[{table}]]\nname = "numpy"\nversion = "1.26.4"\n'
+                                     f'[[{table}]]\nname = "torch"\nversion = "2.13.0"\n')
+    r, out = _init(tmp_path, tmp_path, "--json")
     assert r.code == 0, r.err
+    assert json.loads(r.out)["framework"] == "pytorch 2.13.0+cpu"
     spec = yaml.safe_load(out.read_text())
     assert spec["framework"]["version"] == "2.13.0+cpu" and spec["packages"]["pip"] == ["numpy==1.26.4"]
-    assert "pinned from" in out.read_text() and "uv.lock" in out.read_text()
+    assert "pinned from" in out.read_text() and lockname in out.read_text()
 
 
 def test_a_conda_environment_folder(tmp_path):

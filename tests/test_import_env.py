@@ -142,6 +142,18 @@ def test_a_lock_beside_pyproject_pins_its_dependencies(tmp_path, lockname, table
     assert "pinned from" in out.read_text() and lockname in out.read_text()
 
 
+def test_a_cuda_build_label_gives_its_cuda_base_python_and_index(tmp_path):
+    src = _req(tmp_path, "--extra-index-url https://download.pytorch.org/whl/cu118\ntorch==2.1.0+cu118\n"
+                         "horovod==0.28.1\n")
+    r, out = _init(tmp_path, src)
+    assert r.code == 0, r.err
+    spec = yaml.safe_load(out.read_text())
+    assert spec["framework"]["index_url"] == "https://download.pytorch.org/whl/cu118"
+    assert spec["cuda"] == {"version": "11.8"} and spec["python"] == "3.10"       # ubuntu22.04's
+    assert spec["horovod"]["operations"] == ["nccl", "mpi", "gloo"]
+    assert f"{src}:1: index https://download.pytorch.org/whl/cu118 not kept" in out.read_text()
+
+
 def test_a_conda_environment_folder(tmp_path):
     env = tmp_path / "envs" / "train"
     (env / "conda-meta").mkdir(parents=True)

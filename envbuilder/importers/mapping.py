@@ -90,6 +90,9 @@ class Mapper:
         self.origin: dict[str, tuple[str, int | None]] = {}
         self.comments: dict[str, str] = {}
         self.notes = list(found.notes)
+        for url, source, line in found.index_urls:
+            self.notes.append(f"{source}:{line}: index {url[:200]} not kept (the framework's index is "
+                              "framework.index_url; others: ENVBUILDER_PIP_INDEX_URL, docs/lock.md)")
 
     # --- python ---------------------------------------------------------------------------
     def python(self) -> str:
@@ -151,9 +154,11 @@ class Mapper:
                          f" ({why}) makes a CPU image", f"remove {bad.text}, or use a GPU build of the framework "
                          f"({'tensorflow' if fw_name != 'pytorch' else 'torch without +cpu'})")
         cuda = None
+        index_url_cu = None
         if label and label.startswith("cu") and label[2:].isdigit():
             digits = label[2:]
             cuda = {"version": f"{digits[:-1]}.{digits[-1]}"}
+            index_url_cu = self.cat.framework_index(fw_name, cuda["version"]) if fw_name == "pytorch" else None
             self.origin["cuda"] = (first.source, first.line)
             self.comments["cuda"] = f"{first.where}: {first.text} (its +{label} build)"
         elif conda_cuda:
@@ -187,7 +192,9 @@ class Mapper:
         if nvidia or bundled:
             self.notes.append(f"{', '.join(d.where for d in nvidia + bundled)}: NVIDIA's libraries come with the "
                               "framework and the cuda: section, not as packages")
-        index_url = None
+        if cuda and cuda.get("source") != "pypi" and not (self.found.python and self.found.python[0]):
+            python = self.python_for_cuda_base(cuda["version"], fw_name, fw_version, python)
+        index_url = index_url_cu
         if fw_name == "pytorch" and cuda is None and "+" not in fw_version:
             # PyPI's Linux torch is the CUDA build: a CPU image takes the +cpu build from PyTorch's CPU index
             fw_version += "+cpu"
@@ -250,6 +257,22 @@ class Mapper:
             if conda:
                 data["packages"]["conda"] = conda
         return data
+
+    def python_for_cuda_base(self, cuda: str, fw_name: str, fw_version: str, python: str) -> str:
+        """The file names no Python and CUDA comes from an nvidia/cuda base: that base's OS Python
+        (the first of the CUDA release's OSes whose Python the framework release supports)."""
+        from packaging.version import Version
+
+        release = self.cat.framework_release(fw_name, fw_version.split("+")[0]) or {}
+        lo, hi = (release.get("python") or ["0", "99"])[:2]
+        fits = [(Version(py), py, os_name) for os_name in (self.cat.cuda(cuda) or {}).get("os", [])
+                for py in [str((self.cat.os(os_name) or {}).get("python", ""))]
+                if py and Version(lo) <= Version(py) <= Version(hi)]
+        if not fits:
+            return python
+        _, py, os_name = max(fits)
+        self.comments["python"] = f"the Python of {os_name}, the newest OS of the CUDA {cuda} base"
+        return py
 
     def framework_version(self, fw_name: str, fw_deps: list[Dep], python: str) -> tuple[str, str | None]:
         from packaging.version import Version

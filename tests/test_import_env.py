@@ -220,6 +220,11 @@ def test_hostile_inputs(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "requirements.txt").write_text("torch==2.13.0\n-r ../secret.txt\n")
     _refused(tmp_path, tmp_path / "sub" / "requirements.txt", "not a file in the same folder", line=2)
+    (tmp_path / "sub" / "r3.txt").write_text("torch==2.13.0\n\n-r missing.txt\n")
+    _refused(tmp_path, tmp_path / "sub" / "r3.txt", "which is not a file there", line=3)
+    (tmp_path / "sub" / "link.txt").symlink_to(tmp_path / "a.txt")
+    (tmp_path / "sub" / "r4.txt").write_text("-r link.txt\n")
+    _refused(tmp_path, tmp_path / "sub" / "r4.txt", "not a file in the same folder", line=1)
     (tmp_path / "sub" / "r2.txt").write_text("-r /etc/passwd\n")
     _refused(tmp_path, tmp_path / "sub" / "r2.txt", "not a file in the same folder", line=1)
     bomb = "dependencies:\n  - &a [x, x, x, x, x, x, x, x, x]\n" + "".join(

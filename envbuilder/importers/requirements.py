@@ -116,6 +116,9 @@ class _Reader:
         if "://" in target or rel.is_absolute() or resolved.parent != folder.resolve():
             raise refuse(shown, line, f"includes {target!r}, which is not a file in the same folder",
                          "copy the included file beside this one and include it by its name")
+        if not resolved.is_file():
+            raise refuse(shown, line, f"includes {target!r}, which is not a file there",
+                         "copy the included file beside this one, or remove the -r line")
         if resolved in chain:
             raise refuse(shown, line, f"includes {target!r}, which includes this file again (a loop)",
                          "remove one of the two -r lines")

@@ -236,6 +236,9 @@ def test_hostile_inputs(tmp_path):
     (tmp_path / "bin-requirements.txt").write_bytes(b"torch\x00\x01")
     _refused(tmp_path, tmp_path / "bin-requirements.txt", "binary file")
     _refused(tmp_path, _req(tmp_path, "[project\n", "pyproject.toml"), "TOML error")
+    _refused(tmp_path, _req(tmp_path, '[project]\nname = "x"\ndynamic = ["dependencies"]\n', "pyproject.toml"),
+             "never runs", line=3)
+    _refused(tmp_path, _req(tmp_path, '[tool.poetry]\nname = "x"\n', "pyproject.toml"), "no [project] table")
 
 
 def test_an_existing_file_is_not_replaced_without_force(tmp_path):

@@ -63,6 +63,11 @@ def read_pyproject(path: Path, shown: str, extras: tuple[str, ...] = ()) -> Foun
     if not isinstance(project, dict):
         raise refuse(shown, 1, "has no [project] table (PEP 621): its dependencies are not declared there",
                      "declare them under [project] dependencies = [...], or give a requirements file")
+    dynamic = project.get("dynamic") or []
+    if isinstance(dynamic, list) and "dependencies" in dynamic and not project.get("dependencies"):
+        raise refuse(shown, _line_of(text, "dynamic"), "declares its dependencies `dynamic`: they are computed "
+                     "by the build backend (setup.py, a requirements file), which envbuilder never runs",
+                     "give the requirements file the backend reads (envbuilder init requirements.txt)")
     found = Found(source=shown, kind="pyproject.toml")
     if isinstance(project.get("name"), str):
         found.name = project["name"]

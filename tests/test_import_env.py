@@ -187,6 +187,7 @@ def test_a_conda_environment_folder(tmp_path):
     ("torch==2.13.0+cpu\nnvidia-nccl-cu13\n", 2, ["CUDA part"]),
     ("torch==1.0.0\n", 1, ["catalog knows no pytorch 1.0.0"]),
     ("torch>=9\n", 1, ["no pytorch release the catalog knows"]),
+    ("torch==2.1.0+rocm5.6\n", 1, ["+rocm5.6 build is none envbuilder builds"]),
     ("torch==2.13.0\nhorovod==0.20.0\n", 2, ["no Horovod 0.20.0"]),
     ("torch==2.13.0\n-e .\n", 2, ["editable install", "--wheelhouse"]),
     ("torch==2.13.0\n./pkgs/mylib\n", 2, ["local path"]),

@@ -298,6 +298,10 @@ class Mapper:
                              f"(it knows {known[0]} to {known[-1]})",
                              f"pin a release it knows (newest: {known[-1]}), or add the release to "
                              "envbuilder/compat/catalog.yaml with its source")
+            if label and label != "cpu" and not re.fullmatch(r"cu\d{3,}", label):
+                raise refuse(d.source, d.line, f"{d.text}: the +{label} build is none envbuilder builds an image "
+                             "with (a CPU build, +cpu, or a CUDA one, +cuNNN or PyPI's)",
+                             f"pin {d.name}=={plain}+cpu or a CUDA build; ROCm and other accelerators are not supported")
             version = exact
         else:
             cands = [p for r in releases.values() for p in r["patches"]

@@ -258,7 +258,7 @@ def cmd_init(args) -> int:
     from .importers import import_spec
 
     text, summary = import_spec(args.source, name=args.name, base=args.base, extras=tuple(args.extra),
-                                out_name=args.out, wheelhouse=args.wheelhouse)
+                                out_name=args.out, wheelhouse=args.wheelhouse, gpu=args.gpu)
     if args.out == "-":
         sys.stdout.write(text)
         return 0
@@ -284,6 +284,8 @@ def _init_args(p):
     p.add_argument("--base", help="base image (e.g. local/debian:bookworm; default: chosen from CUDA and Python)")
     p.add_argument("--extra", action="append", default=[], metavar="GROUP",
                    help="pyproject.toml: also read this optional-dependencies group (repeatable)")
+    p.add_argument("--gpu", action="store_true", help="a GPU image where the file names no CUDA part: CUDA from "
+                   "PyPI, the framework's own NVIDIA wheels (cuda: {source: pypi})")
     p.add_argument("--wheelhouse", metavar="DIR", help="folder of local wheels: a framework range takes the newest "
                    "release there (e.g. torch 2.13.0+cpu) before the newest the catalog knows")
     p.add_argument("--force", action="store_true", help="replace an existing file at --out")

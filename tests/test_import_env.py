@@ -142,6 +142,21 @@ def test_a_lock_beside_pyproject_pins_its_dependencies(tmp_path, lockname, table
     assert "pinned from" in out.read_text() and lockname in out.read_text()
 
 
+def test_gpu_asks_for_cuda_from_pypi_where_the_file_names_none(tmp_path):
+    r, out = _init(tmp_path, DATA / "litgpt-pyproject.toml", "--gpu")
+    assert r.code == 0, r.err
+    spec = yaml.safe_load(out.read_text())
+    assert spec["framework"] == {"name": "pytorch", "version": "2.15.0"}
+    assert spec["cuda"] == {"version": "13.2", "source": "pypi"}
+    # a range: the newest release whose NVIDIA wheels the catalog knows
+    r, out = _init(tmp_path, _req(tmp_path, "torch>=2.1,<2.14\nhorovod\n"), "--gpu", "--force")
+    spec = yaml.safe_load(out.read_text())
+    assert spec["framework"]["version"] == "2.13.0" and spec["horovod"]["operations"] == ["nccl", "mpi", "gloo"]
+    r = run_envbuilder_in_process("init", str(_req(tmp_path, "tensorflow-cpu\n", "cpu.txt")), "--gpu",
+                                  "-o", str(tmp_path / "cpu.yaml"))
+    assert r.code == 2 and "cpu.txt:1:" in r.err and "is a CPU build" in r.err and not (tmp_path / "cpu.yaml").exists()
+
+
 def test_a_cuda_build_label_gives_its_cuda_base_python_and_index(tmp_path):
     src = _req(tmp_path, "--extra-index-url https://download.pytorch.org/whl/cu118\ntorch==2.1.0+cu118\n"
                          "horovod==0.28.1\n")

@@ -62,7 +62,7 @@ def read(path: Path, shown: str, extras: tuple[str, ...] = ()) -> Found:
 
 def import_spec(path: str, *, name: str | None = None, base: str | None = None,
                 extras: tuple[str, ...] = (), out_name: str = "spec.yaml",
-                wheelhouse: str | None = None) -> tuple[str, dict]:
+                wheelhouse: str | None = None, gpu: bool = False) -> tuple[str, dict]:
     """The spec's text for the file at ``path``, checked; (text, summary). Raises EnvbuilderError
     (exit 2) naming the user's file and line."""
     from ..compat.catalog import load_catalog
@@ -75,7 +75,7 @@ def import_spec(path: str, *, name: str | None = None, base: str | None = None,
     if not found.name:      # requirements.txt names no project: the folder it lies in does
         found.name = Path(path).resolve().parent.name
     cat = load_catalog()
-    mapper = Mapper(found, cat, wheelhouse_versions(wheelhouse))
+    mapper = Mapper(found, cat, wheelhouse_versions(wheelhouse), gpu=gpu)
     data = mapper.run(name, base)
     text = to_yaml(data, mapper, path)
     where = origins(data, mapper)

@@ -83,7 +83,9 @@ def wheelhouse_versions(folder: str | None) -> dict[str, list[str]]:
 
 
 class Mapper:
-    def __init__(self, found: Found, catalog: Catalog, wheelhouse: dict[str, list[str]] | None = None):
+    def __init__(self, found: Found, catalog: Catalog, wheelhouse: dict[str, list[str]] | None = None,
+                 gpu: bool = False):
+        self.gpu = gpu
         self.found = found
         self.cat = catalog
         self.wheelhouse = wheelhouse or {}
@@ -138,12 +140,19 @@ class Mapper:
         used: set[int] = {id(d) for d in fw_deps}
         cpu_marks = [d for d in deps if (d.kind, d.name) in CPU_MARKERS]
         used |= {id(d) for d in cpu_marks}
-        fw_version, label = self.framework_version(fw_name, fw_deps, python)
-        # --- CUDA: NVIDIA's wheels, conda's CUDA packages, torch's +cuNNN label, [and-cuda]
+        # --- CUDA: NVIDIA's wheels, conda's CUDA packages, torch's +cuNNN label, [and-cuda], --gpu
         nvidia = [d for d in deps if d.kind == "pip" and NVIDIA_WHEEL.fullmatch(d.name)]
         conda_cuda = [d for d in deps if d.kind == "conda" and d.name in CUDA_VERSION_PACKAGES]
         bundled = [d for d in deps if d.kind == "conda" and d.name in CUDA_BUNDLED]
         gpu_named = [d for d in fw_deps if (d.kind, d.name) in GPU_PACKAGES or "and-cuda" in d.extras]
+        asked_gpu = self.gpu and not (nvidia or conda_cuda or gpu_named or "+cu" in first.version)
+        if asked_gpu:
+            if self.cat.framework(fw_name).get("cpu_only") or cpu_marks or "+cpu" in first.version:
+                raise refuse(first.source, first.line, f"--gpu asks for a GPU image, but {first.text} is a CPU build",
+                             "leave out --gpu, or name a GPU build of the framework (torch, tensorflow)")
+            gpu_named = [first]
+        fw_version, label = self.framework_version(fw_name, fw_deps, python,
+                                                   pypi_gpu=bool(nvidia or gpu_named) and not conda_cuda)
         used |= {id(d) for d in nvidia + conda_cuda + bundled}
         cpu_build = (self.cat.framework(fw_name).get("cpu_only") or label == "cpu" or cpu_marks)
         gpu_evidence = nvidia + conda_cuda + bundled + gpu_named
@@ -181,7 +190,8 @@ class Mapper:
                              f"pin the framework to one of {', '.join(known)}, or write the spec's cuda: section by hand")
             cuda = {"version": str(entry["cuda"]), "source": "pypi"}
             self.origin["cuda"] = (d.source, d.line)
-            self.comments["cuda"] = f"{d.where}: {d.text} -> {fw_name} {fw_version}'s own NVIDIA wheels"
+            self.comments["cuda"] = (f"{d.where}: {d.text}{' and --gpu' if asked_gpu else ''} -> "
+                                     f"{fw_name} {fw_version}'s own NVIDIA wheels")
             major = str(entry["cuda"]).split(".")[0]
             for w in nvidia:
                 got = NVIDIA_WHEEL.fullmatch(w.name).group(1)   # type: ignore[union-attr]
@@ -274,7 +284,8 @@ class Mapper:
         self.comments["python"] = f"the Python of {os_name}, the newest OS of the CUDA {cuda} base"
         return py
 
-    def framework_version(self, fw_name: str, fw_deps: list[Dep], python: str) -> tuple[str, str | None]:
+    def framework_version(self, fw_name: str, fw_deps: list[Dep], python: str, *,
+                          pypi_gpu: bool = False) -> tuple[str, str | None]:
         from packaging.version import Version
 
         d = fw_deps[0]
@@ -306,6 +317,8 @@ class Mapper:
         else:
             cands = [p for r in releases.values() for p in r["patches"]
                      if Version(r["python"][0]) <= Version(python) <= Version(r["python"][1])]
+            if pypi_gpu:    # CUDA from PyPI: a release whose NVIDIA wheels the catalog knows, when the range has one
+                cands = [p for p in cands if self.cat.pypi_cuda(fw_name, p)] or cands
             version = _newest(spec, cands) or ""
             if not version:
                 raise refuse(d.source, d.line, f"{d.text}: no {fw_name} release the catalog knows is in that range "

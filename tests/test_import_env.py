@@ -292,6 +292,11 @@ def test_the_lock_resolves_a_range_to_one_pinned_version_with_its_hash():
     entries = {e["name"].lower(): e for e in groups["packages"]}
     assert set(entries) == {"six", "packaging"}
     assert entries["six"]["version"].startswith("1.") and len(entries["six"]["sha256"]) == 64
+    # what `lock --update NAME` and a re-lock do (lock/resolve.py): every other entry's locked version
+    # is preferred while it fits the range; the entry named moves to the newest in its range
+    kept = pip_.resolve({"packages": ["six>=1.15,<2"]}, pip_.target("3.11", "2.36"), prefer={"six": "1.15.0"})
+    assert kept["packages"][0]["version"] == "1.15.0"
+    assert entries["six"]["version"] != "1.15.0"
 
 
 # --- the way back ---------------------------------------------------------------------------------

@@ -243,6 +243,98 @@ def cmd_verify(args) -> int:
     return run(args)
 
 
+# --- init / export: a user's environment in, a lock's environment out ---------------------------
+
+def _write_new(path: str, text: str, force: bool, option: str) -> None:
+    """Write one file the user named; an existing file is replaced only with --force, never through a link."""
+    from .output import check_output_folder, write_atomic
+
+    target = Path(path)
+    check_output_folder(target.parent if str(target.parent) else Path("."), option)
+    if target.is_symlink() or target.is_dir():
+        raise EnvbuilderError(option, f"{path} is a link or a folder", "give the path of a new file")
+    if target.exists() and not force:
+        raise EnvbuilderError(option, f"{path} exists; replacing it would lose your file",
+                              f"give another path with {option}, or --force to replace it")
+    write_atomic(target, text)
+
+
+@command("init", "write a spec from a requirements.txt, environment.yml, pyproject.toml or a conda environment")
+def cmd_init(args) -> int:
+    from .importers import import_spec
+
+    text, summary = import_spec(args.source, name=args.name, base=args.base, extras=tuple(args.extra),
+                                out_name=args.out, wheelhouse=args.wheelhouse, gpu=args.gpu)
+    if args.out == "-":
+        sys.stdout.write(text)
+        return 0
+    _write_new(args.out, text, args.force, "-o")
+    if args.json:
+        _print_json({"ok": True, "spec": args.out, **summary})
+    else:
+        print(f"wrote {args.out}: {summary['framework']}, Python {summary['python']}"
+              + (f", CUDA {summary['cuda']['version']}" if summary["cuda"] else "")
+              + (f", MPI {summary['mpi']['flavor']} {summary['mpi']['version']}" if summary["mpi"] else "")
+              + (f", Horovod {summary['horovod']['version']}" if summary["horovod"] else "")
+              + f", {summary['pip']} pip and {summary['conda']} conda packages as written"
+              + f"\n  next: envbuilder check {args.out}; envbuilder lock {args.out}")
+    return 0
+
+
+def _init_args(p):
+    p.add_argument("source", metavar="FILE|ENV_PATH",
+                   help="requirements*.txt, environment.yml, pyproject.toml (a uv.lock or pylock.toml beside it pins "
+                        "its dependencies), or a conda environment's folder (it holds conda-meta/)")
+    p.add_argument("-o", "--out", default="spec.yaml", help="the spec to write (default spec.yaml; - prints it)")
+    p.add_argument("--name", help="the spec's name (default: the project's or environment's name)")
+    p.add_argument("--base", help="base image (e.g. local/debian:bookworm; default: chosen from CUDA and Python)")
+    p.add_argument("--extra", action="append", default=[], metavar="GROUP",
+                   help="pyproject.toml: also read this optional-dependencies group (repeatable)")
+    p.add_argument("--gpu", action="store_true", help="a GPU image where the file names no CUDA part: CUDA from "
+                   "PyPI, the framework's own NVIDIA wheels (cuda: {source: pypi})")
+    p.add_argument("--wheelhouse", metavar="DIR", help="folder of local wheels: a framework range takes the newest "
+                   "release there (e.g. torch 2.13.0+cpu) before the newest the catalog knows")
+    p.add_argument("--force", action="store_true", help="replace an existing file at --out")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+@command("export", "write a lock's packages back out: a requirements file with hashes, or a conda explicit list")
+def cmd_export(args) -> int:
+    from .lock.export import conda_explicit, requirements
+    from .lock.model import LOCK_NAME, load
+
+    path = Path(args.lock)
+    if path.is_dir():
+        path = path / LOCK_NAME
+    if not path.is_file():
+        raise EnvbuilderError("export", f"no lock at {path}", "give an envbuilder.lock or the output folder "
+                              "holding one (envbuilder lock SPEC writes it)")
+    lock = load(path)
+    if args.format == "conda":
+        if not lock.conda_packages():
+            raise EnvbuilderError("export conda", f"{path} holds no conda package",
+                                  "export requirements instead; conda packages come from packages.conda")
+        text = conda_explicit(lock, str(path))
+    else:
+        text = requirements(lock, str(path))
+    if args.out in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        _write_new(args.out, text, args.force, "-o")
+        if not args.json:
+            print(f"wrote {args.out}")
+    return 0
+
+
+def _export_args(p):
+    p.add_argument("format", choices=["requirements", "conda"],
+                   help="requirements: pip's file with --hash lines; conda: @EXPLICIT list of URLs with md5")
+    p.add_argument("lock", metavar="LOCK|FOLDER", help="an envbuilder.lock, or the output folder that holds one")
+    p.add_argument("-o", "--out", help="the file to write (default: print it)")
+    p.add_argument("--force", action="store_true", help="replace an existing file at --out")
+    p.add_argument("--json", action="store_true", help="machine-readable errors")
+
+
 # --- attest (signed proof of a passing verify) ---------------------------------------------------
 
 def _attest_args(p):
@@ -316,7 +408,8 @@ def _check_args(p):
 
 ARGS = {"check": _check_args, "build": _build_args, "lock": lock_args, "diff": diff_args, "presets": lambda p: p.add_argument(
     "--json", action="store_true", help="machine-readable output"), "schema": lambda p: None,
-        "verify": _verify_args, "sif": _sif_args, "compare": _compare_args, "attest": _attest_args}
+        "verify": _verify_args, "sif": _sif_args, "compare": _compare_args, "init": _init_args,
+        "export": _export_args, "attest": _attest_args}
 
 
 def make_parser() -> argparse.ArgumentParser:

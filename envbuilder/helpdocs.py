@@ -15,6 +15,8 @@ DOCS: dict[str, str] = {
     "verify": "docs/verify.md; --attest: docs/attestation.md",
     "lock": "docs/lock.md; with podman or buildah, rootless: docs/login-node.md",
     "diff": "docs/lock.md",
+    "init": "docs/import.md",
+    "export": "docs/import.md#the-way-back-envbuilder-export",
     "attest": "docs/attestation.md",
 }
 

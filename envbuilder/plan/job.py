@@ -129,6 +129,7 @@ class JobPlan:
     vet_min_nodes: int               # 0: no node vetting
     tf_config: str | None            # tf-multiworker: keep | replace a TF_CONFIG given to the job
     gpu: GpuNeeds | None             # None: a CPU image (no GPU preflight)
+    arch: str = "x86_64"             # the image's CPU architecture (uname -m), held against every node
     attestation: AttestGate | None = None   # None: no gate (off, unset, or the host runtime)
 
     @property
@@ -200,6 +201,7 @@ def plan_job(stack: Stack) -> JobPlan:
         vet_min_nodes=cl.vet_min_nodes or 0,
         tf_config=(spec.distributed.tf_config or "keep") if spec.distributed.kind == "tf-multiworker" else None,
         gpu=gpu_needs(stack),
+        arch=spec.target_arch,
         attestation=attest_gate(stack) if image is not None else None,
     )
 

@@ -327,6 +327,8 @@ def _rank_setup(plan: JobPlan) -> list[str]:
         "# One task per node: the node-local folder (HOME, staged data)"
         + (", the GPU preflight" if plan.gpu else ""),
         "node_setup() {",
+        f'    [ "$(uname -m)" = {plan.arch} ] || die "node $(hostname) is $(uname -m), but the image is built for '
+        f'{plan.arch}: ask for {plan.arch} nodes (--partition), or build the image with arch: $(uname -m)"',
         '    mkdir -p "$HOME"',
         '    local b',
         '    eval "$ENVBUILDER_BINDS"',

@@ -165,9 +165,13 @@ SPEC_FIELDS: dict[str, Field] = {
     "arch": s("CPU architecture of the image (default x86_64; a site profile's arch must agree).",
               enum=ARCHES),
     "packages": obj("Extra packages.", {
-        "pip": strlist("pip requirements, each pinned: name==version.", default=[]),
+        "pip": strlist("pip requirements (PEP 508): pinned (name==version) or a range (name>=1.2,<2, or a bare "
+                       "name) that `envbuilder lock` pins, with its hashes, for the image's Python and "
+                       "platform; no local paths, editable installs or VCS URLs without a pinned commit "
+                       "(docs/import.md).", default=[]),
         "apt": strlist("OS packages (name or name=version).", default=[]),
-        "conda": strlist("conda packages, name=version (resolved by conda-lock).", default=[],
+        "conda": strlist("conda packages, name=version or a range (name>=1.2,<2), resolved by conda-lock.",
+                         default=[],
                          example=["libjpeg-turbo=3.0.0"]),
     }),
     "base": s("Base image (tag or digest); default chosen from CUDA and Python.",

@@ -254,7 +254,7 @@ def gate_on_the_apptainer_cluster(sif: Path, pub: Path, lock: Path) -> None:
             ["--nodes", "2", "--ntasks-per-node", "1", "job.sbatch", "hostname"], shared / "job-require",
             env={"ENVBUILDER_IMAGE": str(shared / "unsigned.sif")}, timeout=300)
         log = (shared / "job-require" / f"cpu-torch-horovod-{job_id}.out").read_text()
-        assert code == 2 and "envbuilder: error: attestation: " in log and "ac-n" not in log, log[-2000:]
+        assert code == 2 and "envbuilder: error: attestation: no attestation: " in log and "ac-n" not in log, log[-2000:]
         print(log.strip().splitlines()[-1])
     finally:
         shutil.rmtree(shared, ignore_errors=True)

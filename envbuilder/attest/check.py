@@ -115,6 +115,9 @@ def check_signed_sif(image: str, keys: list[str], stack: str | None = None) -> P
         raise refuse(f"no attestation: {image} holds no {sifsign.OBJECT_NAME} object",
                      "envbuilder attest sign --format apptainer (docs/attestation.md)")
     key, reason = _verify_with(pubs, lambda k: sifsign.verify(sif, k))
+    if key is None and "signature not found" in reason:
+        raise refuse(f"no attestation: {image} holds an attestation object but no signature of it ({reason.split('integrity: ')[-1]})",
+                     "envbuilder attest sign --format apptainer on a fresh copy of the SIF")
     if key is None and "integrity compromised" in reason:
         raise refuse(f"digest differs: {image} changed after it was signed ({reason.split('integrity: ')[-1]})",
                      "run the SIF as it was signed, or verify, attest and sign this one")

@@ -15,6 +15,7 @@ PACKAGES=(
     slurm-wlm munge      # one-node Slurm cluster
     shellcheck           # lints generated job wrappers
     charliecloud         # unprivileged container runtime used under Slurm
+    docker-registry      # the CNCF distribution registry on loopback: attestation tests (.ci/start-registry.sh)
     siftool squashfs-tools   # envbuilder build --sif: the SIF reference tool; unsquashfs (tests)
     squashfs-tools-ng    # envbuilder build --sif: tar2sqfs (SquashFS from a tar stream, unprivileged), sqfs2tar
     squashfuse fuse3     # verify x.sif / job.sbatch: mount a SIF's SquashFS partition (fusermount3)

@@ -77,6 +77,9 @@ def _build_args(p):
                    "password TOKEN): a BuildKit secret like --ca-bundle, never stored in the image")
     p.add_argument("--wheelhouse", help="folder of local wheels pip uses first (offline sites)")
     p.add_argument("--tag", help="image tag (default: envbuilder/<name>:<spec hash>)")
+    p.add_argument("--push", metavar="REPO[:TAG]",
+                   help="after the build, push the image to a registry and record its digest in image.json "
+                        "(REPO@sha256:D: what `envbuilder attest sign --image` takes); docker engine")
     p.add_argument("--sif", action="store_true",
                    help="also write <folder>/<name>.sif from the built image (no Apptainer needed: "
                         "tar2sqfs + siftool); same as `targets: [sif]`")
@@ -228,6 +231,9 @@ def _verify_args(p):
     from .verify.cli import add_arguments
 
     add_arguments(p)
+    p.add_argument("--attest", metavar="FILE",
+                   help="after a PASSING run only: write its in-toto attestation (subject: the image's "
+                        "sha256 or ID) to FILE, for `envbuilder attest sign` (docs/attestation.md)")
 
 
 @command("verify", "run the smoke suite in an image (or on the host) and report")
@@ -235,6 +241,159 @@ def cmd_verify(args) -> int:
     from .verify.cli import run
 
     return run(args)
+
+
+# --- init / export: a user's environment in, a lock's environment out ---------------------------
+
+def _write_new(path: str, text: str, force: bool, option: str) -> None:
+    """Write one file the user named; an existing file is replaced only with --force, never through a link."""
+    from .output import check_output_folder, write_atomic
+
+    target = Path(path)
+    check_output_folder(target.parent if str(target.parent) else Path("."), option)
+    if target.is_symlink() or target.is_dir():
+        raise EnvbuilderError(option, f"{path} is a link or a folder", "give the path of a new file")
+    if target.exists() and not force:
+        raise EnvbuilderError(option, f"{path} exists; replacing it would lose your file",
+                              f"give another path with {option}, or --force to replace it")
+    write_atomic(target, text)
+
+
+@command("init", "write a spec from a requirements.txt, environment.yml, pyproject.toml or a conda environment")
+def cmd_init(args) -> int:
+    from .importers import import_spec
+
+    text, summary = import_spec(args.source, name=args.name, base=args.base, extras=tuple(args.extra),
+                                out_name=args.out, wheelhouse=args.wheelhouse, gpu=args.gpu)
+    if args.out == "-":
+        sys.stdout.write(text)
+        return 0
+    _write_new(args.out, text, args.force, "-o")
+    if args.json:
+        _print_json({"ok": True, "spec": args.out, **summary})
+    else:
+        print(f"wrote {args.out}: {summary['framework']}, Python {summary['python']}"
+              + (f", CUDA {summary['cuda']['version']}" if summary["cuda"] else "")
+              + (f", MPI {summary['mpi']['flavor']} {summary['mpi']['version']}" if summary["mpi"] else "")
+              + (f", Horovod {summary['horovod']['version']}" if summary["horovod"] else "")
+              + f", {summary['pip']} pip and {summary['conda']} conda packages as written"
+              + f"\n  next: envbuilder check {args.out}; envbuilder lock {args.out}")
+    return 0
+
+
+def _init_args(p):
+    p.add_argument("source", metavar="FILE|ENV_PATH",
+                   help="requirements*.txt, environment.yml, pyproject.toml (a uv.lock or pylock.toml beside it pins "
+                        "its dependencies), or a conda environment's folder (it holds conda-meta/)")
+    p.add_argument("-o", "--out", default="spec.yaml", help="the spec to write (default spec.yaml; - prints it)")
+    p.add_argument("--name", help="the spec's name (default: the project's or environment's name)")
+    p.add_argument("--base", help="base image (e.g. local/debian:bookworm; default: chosen from CUDA and Python)")
+    p.add_argument("--extra", action="append", default=[], metavar="GROUP",
+                   help="pyproject.toml: also read this optional-dependencies group (repeatable)")
+    p.add_argument("--gpu", action="store_true", help="a GPU image where the file names no CUDA part: CUDA from "
+                   "PyPI, the framework's own NVIDIA wheels (cuda: {source: pypi})")
+    p.add_argument("--wheelhouse", metavar="DIR", help="folder of local wheels: a framework range takes the newest "
+                   "release there (e.g. torch 2.13.0+cpu) before the newest the catalog knows")
+    p.add_argument("--force", action="store_true", help="replace an existing file at --out")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+@command("export", "write a lock's packages back out: a requirements file with hashes, or a conda explicit list")
+def cmd_export(args) -> int:
+    from .lock.export import conda_explicit, requirements
+    from .lock.model import LOCK_NAME, load
+
+    path = Path(args.lock)
+    if path.is_dir():
+        path = path / LOCK_NAME
+    if not path.is_file():
+        raise EnvbuilderError("export", f"no lock at {path}", "give an envbuilder.lock or the output folder "
+                              "holding one (envbuilder lock SPEC writes it)")
+    lock = load(path)
+    if args.format == "conda":
+        if not lock.conda_packages():
+            raise EnvbuilderError("export conda", f"{path} holds no conda package",
+                                  "export requirements instead; conda packages come from packages.conda")
+        text = conda_explicit(lock, str(path))
+    else:
+        text = requirements(lock, str(path))
+    if args.out in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        _write_new(args.out, text, args.force, "-o")
+        if not args.json:
+            print(f"wrote {args.out}")
+    return 0
+
+
+def _export_args(p):
+    p.add_argument("format", choices=["requirements", "conda"],
+                   help="requirements: pip's file with --hash lines; conda: @EXPLICIT list of URLs with md5")
+    p.add_argument("lock", metavar="LOCK|FOLDER", help="an envbuilder.lock, or the output folder that holds one")
+    p.add_argument("-o", "--out", help="the file to write (default: print it)")
+    p.add_argument("--force", action="store_true", help="replace an existing file at --out")
+    p.add_argument("--json", action="store_true", help="machine-readable errors")
+
+
+# --- attest (signed proof of a passing verify) ---------------------------------------------------
+
+def _attest_args(p):
+    from .attest.commands import FORMATS
+
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    s = sub.add_parser("sign", help="sign a verify attestation with your key (cosign bundle beside a SIF, "
+                                    "apptainer sign with it in the SIF's signed group, or cosign attest in a registry)",
+                       epilog=epilog("attest"))
+    s.add_argument("statement", metavar="STATEMENT", help="the file `envbuilder verify --attest` wrote")
+    s.add_argument("--key", required=True, metavar="KEY",
+                   help="your PEM private key (cosign.key; for --format apptainer an openssl PEM key); "
+                        "an encrypted cosign key's password: COSIGN_PASSWORD")
+    s.add_argument("--image", required=True, metavar="SIF|REPO@sha256:D", help="the image verify ran")
+    s.add_argument("--format", choices=FORMATS, default="auto",
+                   help="cosign (bundle STATEMENT.bundle), apptainer (in the SIF), registry (cosign attest); "
+                        "auto: registry for REPO@sha256:D, cosign for a file")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    c = sub.add_parser("check", help="check an image has a valid, signed, passing attestation of this stack "
+                                     "(exit 0; else exit 2 naming what failed)", epilog=epilog("attest"))
+    c.add_argument("--image", required=True, metavar="SIF|REPO@sha256:D", help="the image to run")
+    c.add_argument("--key", action="append", default=[], metavar="PUB", help="a trusted public key (repeatable)")
+    c.add_argument("--format", choices=FORMATS, default="auto",
+                   help="auto: registry for REPO@sha256:D, cosign when IMAGE.att.json exists, else apptainer")
+    c.add_argument("--attestation", metavar="FILE", help="the statement (default IMAGE.att.json)")
+    c.add_argument("--bundle", metavar="FILE", help="its cosign bundle (default ATTESTATION.bundle)")
+    c.add_argument("--stack", metavar="ID", help="the stack it must be of (lock:HEX or spec:HEX)")
+    c.add_argument("--folder", metavar="FOLDER", help="the stack of this output folder's manifest.json")
+    c.add_argument("--pulled", metavar="REF", help="registry: the local image pulled by that digest, whose "
+                                                  "ID must be the image verify ran")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    v = sub.add_parser("provenance", help="write FOLDER/provenance.intoto.json: the build's inputs and image",
+                       epilog=epilog("attest"))
+    v.add_argument("folder", metavar="FOLDER", help="output folder of envbuilder build (built)")
+    v.add_argument("--out", metavar="FILE", help="where to write it (default FOLDER/provenance.intoto.json)")
+    v.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+@command("attest", "sign and check the attestation of a passing verify (sign, check, provenance)")
+def cmd_attest(args) -> int:
+    from .attest import commands
+
+    if args.action == "sign":
+        line = commands.sign(args.statement, args.key, args.image, args.format)
+    elif args.action == "check":
+        passed = commands.run_check(args.image, args.key, fmt=args.format, attestation=args.attestation,
+                                    bundle=args.bundle, stack=args.stack, folder=args.folder, pulled=args.pulled)
+        if args.json:
+            _print_json({"ok": True, "form": passed.form, "subject": passed.subject, "key": passed.key,
+                         "stack": passed.stack})
+            return 0
+        line = passed.line(args.image)
+    else:
+        line = commands.provenance(args.folder, args.out) or ""
+    if args.json:
+        _print_json({"ok": True, "message": line})
+    else:
+        print(line)
+    return 0
 
 
 from .lockcmd import cmd_diff, cmd_lock, diff_args, lock_args  # noqa: E402
@@ -249,7 +408,8 @@ def _check_args(p):
 
 ARGS = {"check": _check_args, "build": _build_args, "lock": lock_args, "diff": diff_args, "presets": lambda p: p.add_argument(
     "--json", action="store_true", help="machine-readable output"), "schema": lambda p: None,
-        "verify": _verify_args, "sif": _sif_args, "compare": _compare_args}
+        "verify": _verify_args, "sif": _sif_args, "compare": _compare_args, "init": _init_args,
+        "export": _export_args, "attest": _attest_args}
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -54,7 +54,7 @@ def build_options(args) -> BuildOptions:
         exports=tuple(getattr(args, "export", None) or ()),
         check_reproducible=bool(getattr(args, "check_reproducible", False)),
         conda_lockfile=getattr(args, "conda_lockfile", None), quiet=bool(getattr(args, "json", False)),
-        force=bool(getattr(args, "force", False)))
+        force=bool(getattr(args, "force", False)), push=getattr(args, "push", None))
 
 
 def _resolver_options(opts: BuildOptions) -> dict:

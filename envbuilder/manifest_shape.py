@@ -38,6 +38,7 @@ MANIFEST_SCHEMA = {
             "arch": _text("an architecture")}, "description": "an object"},
         "expect": {"type": "object", "description": "an object", "properties": {
             "python": _opt(_text("a Python version")),
+            "arch": {"type": "string", "enum": ["x86_64", "aarch64"], "description": "x86_64 or aarch64"},
             "framework": _opt({"type": "object", "description": "an object", "properties": {
                 "name": _text("a framework name"), "module": _text("a module name"), "version": _text("a version"),
                 "distribution": _text("a PyPI distribution name")}}),

@@ -164,6 +164,9 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
 
     spec = apply_job_options(load_spec(req.spec), site=req.site, runtime=req.runtime, sweep=list(req.sweep))
     _check_sif_request(req)
+    from .engines import check_push
+
+    check_push(req.opts)
     if req.opts.wheelhouse:
         from .engines.context import check_inputs
 
@@ -216,6 +219,16 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
         if sif_now:
             with _step(steps, "sif", paths):
                 result["sif"] = make_sif_of(folder, result["image"], opts)
+        if opts.push:
+            from .engines import push_image
+
+            with _step(steps, "push", paths):
+                result["pushed"] = push_image(folder, result["image"], opts)
+        # the build's provenance (docs/attestation.md): its inputs' hashes, the engine, the image
+        from .attest.commands import provenance
+
+        record = {**result["image"], **({"pushed": result["pushed"]} if result.get("pushed") else {})}
+        result["provenance"] = provenance(str(folder), image=record, by_build=True)
     finally:
         if steps and not opts.quiet:
             print_steps(steps)

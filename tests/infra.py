@@ -129,6 +129,22 @@ def _slurm_probe() -> str:
     return ""
 
 
+REGISTRY = "127.0.0.1:5000"          # .ci/start-registry.sh: the distribution registry on loopback
+
+
+def require_registry() -> str:
+    """The loopback OCI registry of .ci/start-registry.sh (docs/attestation.md); skips, or fails
+    under ENVBUILDER_REQUIRE_ENGINES=1, when it does not answer."""
+    import urllib.request
+
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(f"http://{REGISTRY}/v2/", timeout=5):
+            return REGISTRY
+    except OSError as exc:
+        _unavailable("registry", f"nothing answers on {REGISTRY} ({exc})", "run bash .ci/start-registry.sh (.ci/setup does)")
+    return REGISTRY
+
+
 def require_slurm() -> None:
     """Checks that a Slurm controller answers and a node is up; skips (or fails
     under ENVBUILDER_REQUIRE_ENGINES=1) otherwise."""

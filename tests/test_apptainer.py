@@ -74,7 +74,7 @@ def test_apptainer_builds_the_definition_file_as_its_header_says(built):
         f"--bind {CA_BUNDLE}:/run/secrets/ca:ro cpu-torch-ddp.sif Apptainer.def"), first
     assert "Running setup scriptlet" in log and "doesn't exist in container" not in log
     # %test ran the smoke suite (one rank) inside the new image
-    assert "Running testscript" in log and "16 passed, 0 failed" in log
+    assert "Running testscript" in log and "17 passed, 0 failed" in log
     assert "Build complete: cpu-torch-ddp.sif" in log
 
 
@@ -145,7 +145,7 @@ def test_envbuilders_own_sif_runs_under_apptainer_and_inspects_like_apptainers(b
     e = in_apptainer_node([str(work)], "apptainer", "exec", str(mine), "python", "-m", "envbuilder_smoke",
                           "--ranks", "2")
     assert e.returncode == 0, e.stdout[-3000:] + e.stderr[-3000:]
-    assert "16 passed, 0 failed, 5 skipped" in e.stdout + e.stderr
+    assert "17 passed, 0 failed, 5 skipped" in e.stdout + e.stderr
     # the same Python and OS packages and files in both, read from the two .sifs (`envbuilder compare`)
     c = run_envbuilder("compare", str(theirs), str(mine), "--json", timeout=900)
     assert c.code == 0, c.out[-3000:] + c.err[-3000:]

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import venv
+from pathlib import Path
 
 from conftest import ROOT
 
@@ -250,3 +251,15 @@ def test_sif_bench_reads_the_gzip_level_from_the_squashfs_super_block():
     assert module.super_block_facts(super_block(module.COMP_OPTIONS, struct.pack("<HIHH", 0x8008, 6, 15, 0))) == {
         "inodes": 7, "block_size": 262_144, "compressor": "gzip", "level": 6}
     assert module.super_block_facts(bytes(106)) == {}
+
+
+def test_attest_bench_prints_one_row_per_step():
+    spec = importlib.util.spec_from_file_location("bench_attest", ROOT / "bench" / "attest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = mod.table(Path("x.sif"), 358_879_232, [("envbuilder attest sign (cosign bundle)", 0.96),
+                                                  ("gate: sha256sum of the SIF", 1.28)], 3)
+    lines = text.splitlines()
+    assert lines[0] == "SIF x.sif (359 MB), median of 3"
+    assert "| envbuilder attest sign (cosign bundle) | 0.96 |" in lines
+    assert "| gate: sha256sum of the SIF | 1.28 |" in lines

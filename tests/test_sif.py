@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from apptainer_build import BUILDER_UID, chown_tree, in_apptainer_node
 from conftest import RECIPES, run_envbuilder
 from infra import (small_tmpfs, keep_for_run, BASE_IMAGE, base_image, docker_cli, require_binary, require_docker, require_slurm,
                    wheelhouse)
@@ -148,11 +149,33 @@ def test_compare_reads_the_sif_and_finds_the_images_files(torch_sif):
 
 # --- running the content ------------------------------------------------------------------------
 
-def test_verify_sif_runs_the_suite_from_its_squashfs_with_two_ranks(torch_sif, tmp_path):
+@pytest.fixture(scope="module")
+def sif_verified(torch_sif, tmp_path_factory):
+    """`verify x.sif --ranks 2 --attest x.sif.att.json`, once: the report, the attestation beside
+    the SIF (written because the run passed: docs/attestation.md) and a cosign key pair of the
+    site's, made by cosign (tests make keys; envbuilder never does)."""
     _, sif, _, _ = torch_sif
-    report = tmp_path / "report.json"
+    work = tmp_path_factory.mktemp("sif-verify")
+    report = work / "report.json"
+    att = Path(f"{sif}.att.json")
     t0 = time.time()
-    r = run_envbuilder("verify", str(sif), "--ranks", "2", "--report", str(report), timeout=900)
+    r = run_envbuilder("verify", str(sif), "--ranks", "2", "--report", str(report), "--attest", str(att),
+                       timeout=900)
+    wall = time.time() - t0
+    keys = None
+    if shutil.which("cosign"):
+        subprocess.run(["cosign", "generate-key-pair"], cwd=work, capture_output=True, env={**os.environ, **COSIGN_ENV},
+                       check=True, timeout=60)
+        keys = (work / "cosign.key", work / "cosign.pub")
+    return r, report, att, keys, wall
+
+
+COSIGN_ENV = {"COSIGN_PASSWORD": ""}
+
+
+def test_verify_sif_runs_the_suite_from_its_squashfs_with_two_ranks(torch_sif, sif_verified):
+    _, sif, _, _ = torch_sif
+    r, report, att, _, wall = sif_verified
     assert r.code == 0, r.out[-3000:] + r.err[-3000:]
     data = json.loads(report.read_text())
     checks = {c["name"]: c for c in data["checks"]}
@@ -162,15 +185,140 @@ def test_verify_sif_runs_the_suite_from_its_squashfs_with_two_ranks(torch_sif, t
     assert data["verify"]["runtime"] == "charliecloud"
     assert data["sif"]["partition"]["arch"] == "amd64"
     assert f"(charliecloud, SIF {sif})" in r.out
-    print(f"verify x.sif: {time.time() - t0:.0f} s")
+    # the run passed: its attestation names the SIF's bytes and what passed
+    st = json.loads(att.read_text())
+    assert st["subject"][0]["digest"]["sha256"] == sha256(sif)
+    assert st["predicate"]["summary"] == data["summary"] and st["predicate"]["result"] == "passed"
+    assert st["predicate"]["stack"]["id"].startswith("lock:")
+    # build wrote its provenance: the SIF it made, from these inputs
+    prov = json.loads((torch_sif[0] / "provenance.intoto.json").read_text())
+    assert prov["predicateType"] == "https://envbuilder.dev/attestation/build/v1"
+    assert prov["subject"][0]["digest"]["sha256"] == sha256(sif)
+    assert prov["predicate"]["stack"]["id"] == st["predicate"]["stack"]["id"]
+    assert set(prov["predicate"]["inputs"]["files"]) == {"Dockerfile", "Apptainer.def", "envbuilder.lock"}
+    assert prov["predicate"]["engine"] == "docker"
+    print(f"verify x.sif: {wall:.0f} s")
 
 
-def test_sbatch_job_runs_the_sif_with_charliecloud(torch_sif, tmp_path):
-    require_slurm()
+def test_sif_attestation_signed_with_cosign_checks(torch_sif, sif_verified):
+    require_binary("cosign", "bash .ci/install-cosign.sh")
     out, sif, _, _ = torch_sif
+    _, _, att, keys, _ = sif_verified
+    t0 = time.time()
+    r = run_envbuilder("attest", "sign", str(att), "--key", str(keys[0]), "--image", str(sif), env=COSIGN_ENV)
+    assert r.code == 0, r.err
+    t1 = time.time()
+    r = run_envbuilder("attest", "check", "--image", str(sif), "--key", str(keys[1]), "--folder", str(out))
+    assert r.code == 0 and "attestation ok:" in r.out, r.err
+    print(f"attest sign (cosign bundle): {t1 - t0:.1f} s; attest check of the {sif.stat().st_size >> 20} MiB SIF: "
+          f"{time.time() - t1:.1f} s")
+
+
+def gate_on_the_apptainer_cluster(sif: Path, pub: Path, lock: Path) -> None:
+    """job.sbatch's gate in the apptainer form on the 2-node Apptainer cluster (Slurm 24.11, real
+    Apptainer on every node, no cosign there): the signed SIF starts on 2 nodes with `require`; the
+    start delay against `attestation: "off"`; an unsigned copy is refused with exit 2, nothing run."""
+    from infra import APPTAINER_CLUSTER_ROOT, apptainer_sbatch_until_done, require_apptainer_cluster
+
+    require_apptainer_cluster()
+    shared = Path(APPTAINER_CLUSTER_ROOT) / "shared" / "tests" / f"attest-{os.getpid()}-{time.strftime('%H%M%S')}"
+    shared.mkdir(parents=True)
+    try:
+        shutil.copy(sif, shared / "signed.sif")
+        shutil.copy(pub, shared / "site.pub")
+        site = (Path(__file__).resolve().parent.parent / "sites" / "minicluster-apptainer.yaml").read_text()
+        for policy in ("require", '"off"'):
+            profile = shared / f"site-{policy.strip(chr(34))}.yaml"
+            profile.write_text(site + f"\nattestation: {policy}\nattestation_keys: [{shared / 'site.pub'}]\n")
+            r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out",
+                               str(shared / f"job-{policy.strip(chr(34))}"), "--site", str(profile), "--lock", str(lock))
+            assert r.code == 0, r.err
+        chown_tree(shared, BUILDER_UID)
+        walls = {}
+        for policy in ("off", "require", "off", "require"):
+            folder = shared / f"job-{policy}"
+            t0 = time.time()
+            code, job_id, err = apptainer_sbatch_until_done(
+                ["--nodes", "2", "--ntasks-per-node", "1", "job.sbatch", "hostname"], folder,
+                env={"ENVBUILDER_IMAGE": str(shared / "signed.sif")}, timeout=300)
+            walls.setdefault(policy, []).append(time.time() - t0)
+            log = (folder / f"cpu-torch-horovod-{job_id}.out").read_text()
+            assert code == 0, log[-2000:] + err
+            assert ("attestation ok:" in log) == (policy == "require"), log[-2000:]
+        print(f"2-node job, submit to end: gate off {min(walls['off']):.1f} s, require {min(walls['require']):.1f} s")
+        # an unsigned copy of the same SIF: refused before any rank
+        shutil.copy(shared / "signed.sif", shared / "unsigned.sif")
+        subprocess.run(["siftool", "del", "8", str(shared / "unsigned.sif")], capture_output=True, check=True)
+        os.lchown(shared / "unsigned.sif", BUILDER_UID, BUILDER_UID)
+        code, job_id, _ = apptainer_sbatch_until_done(
+            ["--nodes", "2", "--ntasks-per-node", "1", "job.sbatch", "hostname"], shared / "job-require",
+            env={"ENVBUILDER_IMAGE": str(shared / "unsigned.sif")}, timeout=300)
+        log = (shared / "job-require" / f"cpu-torch-horovod-{job_id}.out").read_text()
+        assert code == 2 and "envbuilder: error: attestation: no attestation: " in log and "ac-n" not in log, log[-2000:]
+        print(log.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_sif_attestation_in_apptainers_signed_group(torch_sif, sif_verified, tmp_path):
+    """apptainer sif add (group 1) + apptainer sign with an Ed25519 PEM key, as the non-root user:
+    apptainer verify alone proves the file system and the attestation; one byte changed in the
+    attestation object is refused (exit 2, one message)."""
+    from infra import require_apptainer_node
+
+    require_apptainer_node()
+    out, sif, _, _ = torch_sif
+    _, _, att, _, _ = sif_verified
+    work = tmp_path / "asign"
+    work.mkdir()
+    shutil.copy(sif, work / "x.sif")
+    shutil.copy(att, work / "x.sif.att.json")
+    for name, cmd in (("key.pem", ["openssl", "genpkey", "-algorithm", "ed25519", "-out"]),):
+        subprocess.run([*cmd, str(work / name)], check=True, capture_output=True)
+    subprocess.run(["openssl", "pkey", "-in", str(work / "key.pem"), "-pubout", "-out", str(work / "pub.pem")],
+                   check=True, capture_output=True)
+    stack = json.loads(att.read_text())["predicate"]["stack"]["id"]
+    chown_tree(work, BUILDER_UID)
+    script = (f"cd {work} && t0=$(date +%s%N) && python -m envbuilder attest sign x.sif.att.json --key key.pem "
+              f"--image x.sif --format apptainer && t1=$(date +%s%N) && "
+              f"python -m envbuilder attest check --image x.sif --key pub.pem --format apptainer --stack {stack} && "
+              "t2=$(date +%s%N) && apptainer verify --key pub.pem x.sif && "
+              'echo "figures: sign $(( (t1 - t0) / 1000000 )) ms, check $(( (t2 - t1) / 1000000 )) ms"')
+    proc = in_apptainer_node([str(work)], "bash", "-c", script, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "[apptainer signed group]" in proc.stdout and "Verified signature(s)" in proc.stdout + proc.stderr
+    print(next(l for l in proc.stdout.splitlines() if l.startswith("figures:")))
+    gate_on_the_apptainer_cluster(work / "x.sif", work / "pub.pem", out / "envbuilder.lock")
+    # one byte of the attestation object changed in the file
+    data = (work / "x.sif").read_bytes()
+    at = data.rindex(b'"pass": ')
+    with open(work / "x.sif", "r+b") as fh:
+        fh.seek(at + 8)
+        fh.write(b"9")
+    proc = in_apptainer_node([str(work)], "bash", "-c",
+                             f"cd {work} && python -m envbuilder attest check --image x.sif --key pub.pem --format apptainer",
+                             timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "attestation: digest differs: x.sif changed after it was signed" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    print(proc.stderr.strip().splitlines()[0])
+
+
+def test_sbatch_job_runs_the_sif_with_charliecloud(torch_sif, sif_verified, tmp_path):
+    """The job of a site that requires an attestation (docs/attestation.md): the gate checks the
+    SIF's signed attestation in the batch step, then the ranks run."""
+    require_slurm()
+    require_binary("cosign", "bash .ci/install-cosign.sh")
+    out, sif, _, _ = torch_sif
+    _, _, att, keys, _ = sif_verified
+    if not Path(f"{att}.bundle").is_file():
+        r = run_envbuilder("attest", "sign", str(att), "--key", str(keys[0]), "--image", str(sif), env=COSIGN_ENV)
+        assert r.code == 0, r.err
+    site = tmp_path / "gated.yaml"
+    site.write_text(f"name: gated\nruntime: charliecloud\nattestation: require\nattestation_keys: [{keys[1]}]\n")
     folder = tmp_path / "job"
     r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(folder),
-                       "--runtime", "charliecloud")
+                       "--site", str(site), "--lock", str(out / "envbuilder.lock"))
     assert r.code == 0, r.err
     report = tmp_path / "slurm-report.json"
     t0 = time.time()
@@ -185,7 +333,103 @@ def test_sbatch_job_runs_the_sif_with_charliecloud(torch_sif, tmp_path):
     assert set(names["train.pytorch[mpi]"]["ranks"]) == {"0", "1"}
     log = Path(data["slurm"]["log"]).read_text()
     assert "mounted the SquashFS partition of" in log
+    gate = next(l for l in log.splitlines() if "attestation ok:" in l)
+    assert log.index("attestation ok:") < log.index("mounted the SquashFS partition of")
+    print(gate)
     print(f"verify --slurm with the SIF: {time.time() - t0:.0f} s, job {data['slurm']['elapsed_s']} s")
+
+
+def test_registry_round_trip_attested_by_digest(torch_sif, sif_verified, tmp_path):
+    """The cpu-torch image verified, pushed to the loopback registry by digest, attested there with
+    cosign, pulled back by that digest and checked on the pulled image; the tag then moved to
+    another image: the old attestation does not carry over (replay)."""
+    from infra import require_registry
+
+    registry = require_registry()
+    require_binary("cosign", "bash .ci/install-cosign.sh")
+    out, _, info, _ = torch_sif
+    _, _, _, keys, _ = sif_verified
+    docker = docker_cli()
+    att = tmp_path / "image.att.json"
+    t0 = time.time()
+    r = run_envbuilder("verify", str(out), "--image", info["tag"], "--ranks", "2", "--launcher", "mpi",
+                       "--attest", str(att), timeout=900)
+    assert r.code == 0 and att.is_file(), r.out[-2000:] + r.err[-2000:]
+    t_verify = time.time() - t0
+    repo = f"{registry}/envbuilder-tests/cpu-torch-horovod"
+    tag = f"{repo}:run-{os.getpid()}"
+    subprocess.run([docker, "tag", info["tag"], tag], check=True, capture_output=True)
+    try:
+        t0 = time.time()
+        push = subprocess.run([docker, "push", tag], capture_output=True, text=True, timeout=900)
+        assert push.returncode == 0, push.stderr
+        t_push = time.time() - t0
+        digest = re.search(r"digest: (sha256:[0-9a-f]{64})", push.stdout).group(1)
+        ref = f"{repo}@{digest}"
+        t0 = time.time()
+        r = run_envbuilder("attest", "sign", str(att), "--key", str(keys[0]), "--image", ref, env=COSIGN_ENV)
+        assert r.code == 0, r.err
+        t_sign = time.time() - t0
+        subprocess.run([docker, "rmi", tag], check=True, capture_output=True)
+        pull = subprocess.run([docker, "pull", ref], capture_output=True, text=True, timeout=600)
+        assert pull.returncode == 0, pull.stderr
+        t0 = time.time()
+        r = run_envbuilder("attest", "check", "--image", ref, "--key", str(keys[1]), "--folder", str(out),
+                           "--pulled", ref)
+        assert r.code == 0 and "[cosign registry attestation]" in r.out, r.err
+        print(f"registry: verify {t_verify:.0f} s, push {t_push:.0f} s, cosign attest {t_sign:.1f} s, "
+              f"check on the pulled image {time.time() - t0:.1f} s")
+        # the tag rebuilt (here: another image pushed under it): its new digest has no attestation
+        subprocess.run([docker, "tag", BASE_IMAGE, tag], check=True, capture_output=True)
+        push = subprocess.run([docker, "push", tag], capture_output=True, text=True, timeout=600)
+        assert push.returncode == 0, push.stderr
+        moved = f"{repo}@" + re.search(r"digest: (sha256:[0-9a-f]{64})", push.stdout).group(1)
+        r = run_envbuilder("attest", "check", "--image", moved, "--key", str(keys[1]), "--folder", str(out))
+        assert r.code == 2 and "attestation: no attestation" in r.err and "Traceback" not in r.err, r.err
+        print(r.err.splitlines()[0])
+    finally:
+        subprocess.run([docker, "rmi", tag], capture_output=True)
+        subprocess.run([docker, "rmi", ref], capture_output=True)
+
+
+def test_build_push_records_the_registry_digest(torch_sif, tmp_path):
+    """`build --push REF` (the lock of the module's build, so the engine's cache makes it in
+    seconds; a tag of its own, so the module's image keeps its ID): the registry's digest in
+    image.json and in the build's provenance, and the registry serves that digest."""
+    from infra import require_registry
+
+    registry = require_registry()
+    out, _, _, _ = torch_sif
+    tag = f"envbuilder-tests/pushed:{os.getpid()}"
+    ref = f"{registry}/envbuilder-tests/pushed:{os.getpid()}"
+    folder = tmp_path / "pushed"
+    try:
+        r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(folder), "--lock",
+                           str(out / "envbuilder.lock"), "--tag", tag, "--ca-bundle", CA_BUNDLE,
+                           "--wheelhouse", wheelhouse(), "--push", ref, timeout=2400)
+        assert r.code == 0, r.err[-3000:]
+        pushed = json.loads((folder / "image.json").read_text())["pushed"]
+        assert pushed["ref"] == ref and re.fullmatch(r"sha256:[0-9a-f]{64}", pushed["digest"])
+        assert pushed["pinned"] == f"{registry}/envbuilder-tests/pushed@{pushed['digest']}"
+        assert f"pushed {ref}: {pushed['pinned']}" in r.out
+        prov = json.loads((folder / "provenance.intoto.json").read_text())
+        assert prov["predicate"]["image"]["pushed"] == pushed
+        pull = subprocess.run([docker_cli(), "pull", pushed["pinned"]], capture_output=True, text=True, timeout=600)
+        assert pull.returncode == 0, pull.stderr
+    finally:
+        for name in (ref, tag):
+            subprocess.run([docker_cli(), "rmi", name], capture_output=True)
+
+
+def test_build_push_refuses_a_bad_reference_before_building(tmp_path):
+    for ref, words in (("127.0.0.1:5000/x@sha256:" + "0" * 64, "is not a registry/repository[:tag]"),
+                       ("UPPER/case", "is not a registry/repository[:tag]")):
+        r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "o"), "--push", ref)
+        assert r.code == 2 and words in r.err and "--push" in r.err and "Traceback" not in r.err, r.err
+        assert not (tmp_path / "o").exists()
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "o"), "--engine", "apptainer",
+                       "--push", "127.0.0.1:5000/x:1")
+    assert r.code == 2 and "the apptainer engine cannot push here yet" in r.err, r.err
 
 
 # --- bit-identical --------------------------------------------------------------------------------

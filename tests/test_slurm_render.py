@@ -403,6 +403,31 @@ def test_a_cleanenv_or_containall_in_the_environment_stops_the_job_before_any_sr
         assert calls.is_file() and "is set:" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("recipe,stops", [("gpu-torch-ddp-aarch64.yaml", True), ("cpu-torch.yaml", False)])
+def test_a_node_of_another_architecture_than_the_images_stops_the_job_in_node_setup(tmp_path, recipe, stops):
+    """node_setup (one task per node, before any rank) holds the node's `uname -m` against the
+    image's arch. Run by bash on this x86_64 machine: the aarch64 preset's job stops with exit 2
+    naming the node, both architectures and the fix; the x86_64 preset's passes that line."""
+    job = tmp_path / "job"
+    r = run_envbuilder_in_process("build", str(RECIPES / recipe), "--no-build", "--out", str(job))
+    assert r.code == 0, r.err
+    text = (job / "job.sbatch").read_text()
+    lines = text.splitlines()
+    fns = [ln for ln in lines if ln.startswith(("note() ", "die() "))]
+    check = next(ln for ln in lines if 'uname -m)" =' in ln)
+    proc = subprocess.run(["bash", "-c", "\n".join([*fns, check.strip(), "echo arch-ok"])],
+                          capture_output=True, text=True, timeout=30)
+    if stops:
+        assert proc.returncode == 2 and "arch-ok" not in proc.stdout
+        assert (f"envbuilder: error: node {os.uname().nodename} is x86_64, but the image is built for aarch64: "
+                "ask for aarch64 nodes (--partition), or build the image with arch: x86_64") in proc.stderr, proc.stderr
+    else:
+        assert proc.returncode == 0 and "arch-ok" in proc.stdout, proc.stderr
+    # the check runs inside node_setup, before the binds and the image are looked at
+    setup = text[text.index("node_setup() {"):]
+    assert setup.index('uname -m)" =') < setup.index('mkdir -p "$HOME"')
+
+
 SITE_MPI_APPTAINER = """\
 name: site-impi
 partition: ac

@@ -523,3 +523,30 @@ def test_two_ranks_on_one_gpu_get_the_fix_before_nccls_message():
     assert worker.failure_hint(message).startswith("more ranks than GPUs on this node")
     assert "--gpus-per-task=1" in worker.failure_hint(message)
     assert worker.failure_hint("RuntimeError: connection refused") == ""
+
+
+def test_a_gpu_node_whose_driver_the_runtime_left_out_is_named_with_the_runtime_option():
+    """The trap of `apptainer exec` without --nv on a GPU node: /dev/nvidia* are bound, libcuda is
+    not, and "no GPU visible, run verify on a GPU node" would send the user to the wrong fix."""
+    in_apptainer = {"APPTAINER_CONTAINER": "/scratch/x.sif"}
+    why = common.driver_not_brought_in(["nvidia0", "nvidiactl"], False, in_apptainer)
+    assert "/dev/nvidia0" in why and "libcuda.so.1" in why and "--nv" in why
+    plain = common.driver_not_brought_in(["nvidia0"], False, {})
+    assert "--gpus all" in plain and "--nv" in plain
+    assert common.driver_not_brought_in(["nvidia0"], True, in_apptainer) is None   # driver there
+    assert common.driver_not_brought_in([], False, in_apptainer) is None           # no GPU at all
+    # this machine: no NVIDIA device files, so the suite keeps its plain "run on a GPU node" message
+    assert common.gpu_device_files() == [] or common.driver_library_loads()
+    status, why = common.gpu_absent({"gpu": True}, no_gpu=False)
+    assert status == common.FAIL and "run verify on a GPU node" in why
+
+
+def test_verify_reports_the_machine_architecture_against_the_images():
+    ok = static.check_arch({"arch": "x86_64"}, "x86_64")
+    assert ok["status"] == common.PASS and ok["figure"] == "x86_64"
+    assert static.check_arch({"arch": "aarch64"}, "arm64")["status"] == common.PASS   # macOS/BSD name
+    bad = static.check_arch({"arch": "aarch64"}, "x86_64")
+    assert bad["status"] == common.FAIL and bad["figure"] == "x86_64 != aarch64"
+    assert "built for aarch64 but runs on a x86_64 machine" in bad["detail"]
+    assert static.check_arch({}, "x86_64")["status"] == common.PASS      # an older manifest names none
+    assert static.check_arch({"arch": "x86_64"})["figure"] == os.uname().machine

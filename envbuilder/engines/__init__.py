@@ -12,6 +12,7 @@ engines/buildah.py; apptainer: engines/apptainer.py.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
@@ -28,13 +29,14 @@ class Engine:
     storage_root: bool = False    # its images live in a storage folder of its own (graph root)
     oci_archive: bool = False     # writes an OCI archive of its image (the SIF's source without Docker)
     writes_sif: bool = False      # its product is the .sif itself (no separate SIF step)
+    pushes: bool = False          # push(info, ref): the built image to a registry, by digest (build --push)
 
     def build(self, folder: Path, output, opts: BuildOptions) -> dict:
         return import_module(f"{__name__}.{self.module}").build(folder, output, opts)
 
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (
-    Engine("docker", "docker", resolves_lock=True, needs_daemon=True),
+    Engine("docker", "docker", resolves_lock=True, needs_daemon=True, pushes=True),
     Engine("buildah", "buildah", resolves_lock=True, storage_root=True, oci_archive=True),
     Engine("podman", "buildah", resolves_lock=True, storage_root=True, oci_archive=True),
     Engine("apptainer", "apptainer", resolves_lock=False, writes_sif=True),
@@ -43,3 +45,26 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
 
 def build_image(folder: Path, output, opts: BuildOptions) -> dict:
     return ENGINES[opts.engine].build(folder, output, opts)
+
+
+PUSH_REF_RE = re.compile(
+    r"[a-z0-9][a-z0-9.-]*(?::[0-9]{1,5})?/[a-z0-9][a-z0-9._/-]*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?")
+
+
+def check_push(opts: BuildOptions) -> None:
+    """--push REF before anything is built: a registry/repository[:tag] this engine can push to."""
+    from ..errors import EnvbuilderError
+
+    if not opts.push:
+        return
+    if not ENGINES[opts.engine].pushes:
+        raise EnvbuilderError("--push", f"the {opts.engine} engine cannot push here yet",
+                              "build with --engine docker, or push the image with your engine's own command")
+    if len(opts.push) > 512 or "@" in opts.push or not PUSH_REF_RE.fullmatch(opts.push) or "//" in opts.push:
+        raise EnvbuilderError("--push", f"{opts.push!r} is not a registry/repository[:tag] reference",
+                              "write e.g. 127.0.0.1:5000/envbuilder/cpu-torch:1 (the digest is recorded after the push)")
+
+
+def push_image(folder: Path, info: dict, opts: BuildOptions) -> dict:
+    """The built image pushed to opts.push; its digest recorded in FOLDER/image.json."""
+    return import_module(f"{__name__}.{ENGINES[opts.engine].module}").push(folder, info, opts.push)

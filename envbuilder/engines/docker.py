@@ -183,3 +183,24 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     if not quiet:
         print(f"built {tag} ({image.id[:19]}, {info['size_bytes'] / 1e6:.0f} MB) in {seconds:.0f} s; log {log_path}")
     return info
+
+
+def push(folder: Path, info: dict, ref: str) -> dict:
+    """`docker tag` + `docker push REF`; the registry's manifest digest (from push's own output)
+    recorded in FOLDER/image.json as `pushed` {ref, digest, pinned: REPO@sha256:D}."""
+    cli = docker_cli()
+    tagged = subprocess.run([cli, "tag", info["tag"], ref], capture_output=True, text=True, timeout=120)
+    if tagged.returncode != 0:
+        raise CheckFailed("docker tag", (tagged.stderr.strip() or f"exit {tagged.returncode}")[-300:], "")
+    proc = subprocess.run([cli, "push", ref], capture_output=True, text=True, timeout=7200)
+    found = re.search(r"digest: (sha256:[0-9a-f]{64})", proc.stdout)
+    if proc.returncode != 0 or not found:
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:300]
+        raise CheckFailed("docker push", why, f"check that {ref.split('/')[0]} is a registry you can push to "
+                          "(Docker needs `insecure-registries` for plain HTTP other than 127.0.0.1)")
+    repo = ref.rsplit(":", 1)[0] if ":" in ref.rsplit("/", 1)[-1] else ref
+    pushed = {"ref": ref, "digest": found.group(1), "pinned": f"{repo}@{found.group(1)}"}
+    record = {**info, "pushed": pushed}
+    write_atomic(folder / "image.json", json.dumps(record, indent=2) + "\n")
+    print(f"pushed {ref}: {pushed['pinned']}")
+    return pushed

@@ -18,3 +18,4 @@ class BuildOptions:
     conda_lockfile: str | None = None        # the lock step: a conda-lock file instead of resolving
     quiet: bool = False                      # --json: no progress lines
     force: bool = False                      # --force: replace files envbuilder did not write
+    push: str | None = None                  # --push REPO[:TAG]: pushed after the build, by digest

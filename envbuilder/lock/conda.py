@@ -25,7 +25,7 @@ import yaml
 
 from ..errors import CheckFailed, EnvbuilderError
 from ..paths import CONDA_PREFIX
-from ..spec.model import CONDA_RE
+from ..spec.model import CONDA_RANGE_RE, CONDA_RE
 
 PLATFORM = "linux-64"
 INSTALLER = "micromamba"
@@ -69,7 +69,8 @@ def check_lockfile(data, spec_packages: list[str], source: str) -> dict:
         by_name[p["name"]] = p
     for req in spec_packages + [INSTALLER]:
         m = CONDA_RE.fullmatch(req)
-        name, op, version = (m.group(1), m.group(2), m.group(3)) if m else (req, "", "")
+        r = CONDA_RANGE_RE.fullmatch(req)
+        name, op, version = (m.group(1), m.group(2), m.group(3)) if m else (r.group(1) if r else req, "", "")
         got = by_name.get(name)
         if got is None:
             what = "the installer envbuilder uses in the image" if name == INSTALLER else "asked by the spec"

@@ -93,6 +93,16 @@ class SiteMpi:
 
 
 @dataclass(frozen=True)
+class AttestGate:
+    """cluster.attestation (require | warn): the image must carry a signed attestation of a
+    passing verify of this stack (docs/attestation.md), checked before any rank starts."""
+
+    policy: str
+    keys: tuple[str, ...]            # trusted public keys (paths on the cluster)
+    stack: str                       # lock:HEX (built from a lock) or spec:HEX, as the attestation records
+
+
+@dataclass(frozen=True)
 class JobPlan:
     name: str
     spec_sha256: str
@@ -121,6 +131,8 @@ class JobPlan:
     vet_min_nodes: int               # 0: no node vetting
     tf_config: str | None            # tf-multiworker: keep | replace a TF_CONFIG given to the job
     gpu: GpuNeeds | None             # None: a CPU image (no GPU preflight)
+    arch: str = "x86_64"             # the image's CPU architecture (uname -m), held against every node
+    attestation: AttestGate | None = None   # None: no gate (off, unset, or the host runtime)
 
     @property
     def torchrun(self) -> bool:
@@ -192,4 +204,23 @@ def plan_job(stack: Stack) -> JobPlan:
         vet_min_nodes=cl.vet_min_nodes or 0,
         tf_config=(spec.distributed.tf_config or "keep") if spec.distributed.kind == "tf-multiworker" else None,
         gpu=gpu_needs(stack),
+        arch=spec.target_arch,
+        attestation=attest_gate(stack) if image is not None else None,
     )
+
+
+def attest_gate(stack: Stack) -> AttestGate | None:
+    cl = stack.spec.cluster
+    if cl.attestation in (None, "off"):
+        return None
+    if not cl.attestation_keys:
+        from ..errors import EnvbuilderError
+
+        raise EnvbuilderError("cluster.attestation_keys", f"attestation: {cl.attestation} needs the trusted public "
+                              "keys, and none is given", "list the site's PEM public keys (absolute paths) under "
+                              "attestation_keys in the site profile, or set attestation: off")
+    from ..attest.statement import image_spec_sha256
+
+    stack_id = (f"lock:{stack.lock.sha256()}" if stack.lock is not None
+                else f"spec:{image_spec_sha256(stack.spec.canonical())}")
+    return AttestGate(cl.attestation, cl.attestation_keys, stack_id)

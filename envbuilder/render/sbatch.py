@@ -22,7 +22,7 @@ from ..paths import MANIFEST_IN_IMAGE as IMAGE_MANIFEST, SMOKE_DIR
 from ..quoting import sbatch_value, shell_assign, shell_default, shell_word
 from ..plan.job import HostSoftware, Image, JobPlan, SiteMpi
 from .common import header
-from .sbatch_sections import nodelocal, preflight, staging, tfconfig, vetting
+from .sbatch_sections import attestation, nodelocal, preflight, staging, tfconfig, vetting
 
 
 def _directives(plan: JobPlan) -> list[str]:
@@ -88,6 +88,7 @@ def _paths(plan: JobPlan) -> list[str]:
     ]
     if plan.image:
         out.append(f'IMAGE="${{ENVBUILDER_IMAGE:-{_image_default(plan.image)}}}"')
+        out += attestation.batch_lines(plan)     # the file as given, before a runtime mounts it
         out += plan.runtime.check_image
         out.append("export IMAGE   # node_setup checks it on every node")
     if plan.sweep:
@@ -367,6 +368,8 @@ def _rank_setup(plan: JobPlan) -> list[str]:
         "# One task per node: the node-local folder (HOME, staged data)"
         + (", the GPU preflight" if plan.gpu else ""),
         "node_setup() {",
+        f'    [ "$(uname -m)" = {plan.arch} ] || die "node $(hostname) is $(uname -m), but the image is built for '
+        f'{plan.arch}: ask for {plan.arch} nodes (--partition), or build the image with arch: $(uname -m)"',
         '    mkdir -p "$HOME"',
         '    local b',
         '    eval "$ENVBUILDER_BINDS"',
@@ -384,6 +387,7 @@ def _rank_setup(plan: JobPlan) -> list[str]:
         *(['    local image=${IMAGE_SRC:-$IMAGE}   # staged: the copy is made below',
            '    [ -e "$image" ] || die "image \'$image\' does not exist on node $(hostname)"']
           if plan.runtime.stages_image else []),
+        *attestation.node_lines(plan),
         *(["    gpu_preflight"] if plan.gpu else []),
         *staging.node_setup_lines(plan),
         "}",

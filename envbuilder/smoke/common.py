@@ -4,6 +4,7 @@ Standard library only, Python >= 3.8 syntax: this folder is copied into images a
 ``envbuilder_smoke`` and must run on whatever Python the image has.
 """
 
+import ctypes
 import json
 import os
 import re
@@ -46,8 +47,45 @@ def gpu_absent(expect, no_gpu):
         return SKIP, "no GPU (CPU image)"
     if no_gpu:
         return SKIP, "not run: no GPU visible; left out (--no-gpu)"
+    hint = driver_not_brought_in(gpu_device_files(), driver_library_loads(), os.environ)
+    if hint:
+        return FAIL, "not run: " + hint
     return FAIL, ("not run: no GPU visible (the image is built for GPUs: run verify on a GPU node, "
                   "or pass --no-gpu to leave the GPU checks out)")
+
+
+def gpu_device_files(dev="/dev"):
+    """The NVIDIA device files in /dev (nvidiactl, nvidia0, ...): a container runtime that binds
+    the host's /dev (Apptainer does by default) shows them even where it brought no driver in."""
+    try:
+        return sorted(n for n in os.listdir(dev) if re.fullmatch(r"nvidia(ctl|\d+)", n))
+    except OSError:
+        return []
+
+
+def driver_library_loads():
+    """The NVIDIA driver's user-space library (libcuda.so.1) can be loaded in this process."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+def driver_not_brought_in(device_files, libcuda_loads, env):
+    """Why no GPU is visible when the node has one, or None: its device files are there but the
+    driver's library is not, which is what a container runtime started without its GPU option
+    gives (Apptainer/Singularity without --nv: /dev is bound, the driver's libraries are not)."""
+    if not device_files or libcuda_loads:
+        return None
+    seen = "the node's GPU device files are visible (%s) but the driver library libcuda.so.1 is not" % (
+        ", ".join("/dev/" + n for n in device_files[:3]))
+    if env.get("APPTAINER_CONTAINER") or env.get("SINGULARITY_CONTAINER"):
+        return seen + ": Apptainer/Singularity brings the driver in only with --nv (apptainer exec --nv IMAGE.sif ...)"
+    return seen + (": start the container with the runtime's GPU option (Apptainer/Singularity --nv, "
+                   "Docker --gpus all, podman --device nvidia.com/gpu=all, enroot/pyxis with "
+                   "NVIDIA_VISIBLE_DEVICES set)")
+
 
 
 def pmi_pass_fds():

@@ -178,6 +178,24 @@ def check_python(expect):
                 " (%s)" % sys.executable)
 
 
+MACHINE_NAMES = {"amd64": "x86_64", "x86_64": "x86_64", "arm64": "aarch64", "aarch64": "aarch64"}
+
+
+def check_arch(expect, machine=None):
+    """The CPU architecture the image runs on (uname -m) against the one it was built for. Under
+    emulation (qemu-user through binfmt_misc) the machine reads as the image's own, as it should."""
+    machine = machine or platform.machine()
+    want = expect.get("arch")
+    if not want:
+        return result("versions.arch", PASS, "%s (manifest names no architecture)" % machine, figure=machine)
+    have = MACHINE_NAMES.get(machine, machine)
+    if have == want:
+        return result("versions.arch", PASS, "%s, as built" % machine, figure=machine)
+    return result("versions.arch", FAIL, "this image is built for %s but runs on a %s machine: run it on "
+                  "%s nodes (or rebuild with arch: %s)" % (want, machine, want, have),
+                  figure="%s != %s" % (machine, want))
+
+
 def import_framework(expect):
     """Import the manifest's framework; returns (module or None, error text)."""
     mod = framework_module(expect)
@@ -604,6 +622,7 @@ def run_static(expect, no_gpu=False):
             out.append(r)
 
     timed(check_python, expect)
+    timed(check_arch, expect)
     t0 = time.time()
     fw_mod, err = import_framework(expect)
     res = check_framework(expect, fw_mod, err)

@@ -16,6 +16,44 @@ from .yamlsource import SourceDoc, read_spec_file
 PIP_PIN_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9,._-]+\])?==([A-Za-z0-9.+!_-]+)")
 APT_RE = re.compile(r"([a-z0-9][a-z0-9+.-]+)(=[A-Za-z0-9.+:~_-]+)?")
 CONDA_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(=|==)([A-Za-z0-9.+_*-]+)")
+# a conda match spec with a range (conda-lock resolves it): name>=1.2,<2 or name (any version)
+CONDA_RANGE_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)((?:[<>!]=?|==|~=)[A-Za-z0-9.+_*-]+"
+                            r"(?:,(?:[<>!]=?|==|~=)[A-Za-z0-9.+_*-]+)*)?")
+# a VCS requirement's pinned commit: the full 40 (SHA-1) or 64 (SHA-256) hex digits after the last @
+VCS_COMMIT_RE = re.compile(r".*@[0-9a-f]{40}(?:[0-9a-f]{24})?(?:#.*)?")
+
+
+def pip_requirement_problem(entry: str) -> tuple[str, str] | None:
+    """(reason, fix) when ``entry`` cannot be a packages.pip requirement, None when it can: a PEP 508
+    requirement (name, extras, a version or a range, markers) that `envbuilder lock` pins with its
+    hashes, or an https archive / a VCS URL at a pinned commit. Refused: what does not parse, a
+    local path or file: URL (not in the image's build context), a VCS URL without a commit."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    stem = re.split(r"[<>=~!;@\[ ]", entry.strip(), maxsplit=1)[0][:40] or "h5py"
+    if entry.startswith(("-e", "--editable", ".", "/", "~")) or entry.startswith("file:"):
+        return (f"{shown(entry)} is a local path or an editable install: the image cannot see it",
+                "build the project as a wheel (python -m build) and give its name==version with "
+                "--wheelhouse DIR, or publish it to an index")
+    try:
+        req = Requirement(entry)
+    except InvalidRequirement:
+        return (f"{shown(entry)} is not pinned to one version nor a requirement pip reads",
+                f"write it as name==version (e.g. {stem}==1.2.3) or a range (e.g. {stem}>=1.2,<2) "
+                "that `envbuilder lock` pins with its hashes")
+    if req.url:
+        url = req.url
+        if url.startswith("file:") or "://" not in url:
+            return (f"{shown(entry)} points at a local path: the image cannot see it",
+                    "build it as a wheel and give its name==version with --wheelhouse DIR")
+        scheme = url.split("://", 1)[0]
+        if "+" in scheme and not VCS_COMMIT_RE.fullmatch(url):
+            return (f"{shown(entry)} is a VCS URL without a pinned commit: every build could get other code",
+                    f"pin the full commit: {req.name} @ {url.split('@')[0] if url.count('@') > 1 else url}@<40-hex "
+                    "commit>, or use a released version")
+        if not url.startswith(("https://", "git+https://", "hg+https://")):
+            return (f"{shown(entry)} is fetched over an unencrypted URL", "use an https:// URL")
+    return None
 
 
 @dataclass(frozen=True)
@@ -129,12 +167,14 @@ class Cluster:
     fabric: str | None = None
     bandwidth_floor: tuple[tuple[str, str], ...] = ()
     vet_min_nodes: int | None = None
+    attestation: str | None = None
+    attestation_keys: tuple[str, ...] = ()
 
     # keys added after the first release: left out of the spec hash while unset, so that
     # existing specs keep their hash (and their image tags)
     LATER_KEYS = ("pmi", "venv", "modules", "env", "stage", "local_scratch", "sweep", "monitor",
                   "arch", "gpu", "driver", "local_cleanup", "site_mpi", "site_mpi_abi", "site_mpi_env", "fabric",
-                  "bandwidth_floor", "vet_min_nodes")
+                  "bandwidth_floor", "vet_min_nodes", "attestation", "attestation_keys")
 
     def canonical(self) -> dict:
         out = {}
@@ -247,11 +287,10 @@ def _check_packages(data: dict, doc: SourceDoc) -> list[EnvbuilderError]:
     errors = []
     pk = data.get("packages") or {}
     for n, entry in enumerate(pk.get("pip") or []):
-        if entry is not None and not PIP_PIN_RE.fullmatch(entry):
-            errors.append(EnvbuilderError(
-                f"packages.pip[{n}]", f"{shown(entry)} is not pinned to one version",
-                f"write it as name==version (e.g. {re.split('[<>=~! ]', entry)[0][:40] or 'h5py'}==1.2.3); "
-                "pins keep the image reproducible", line=doc.line_of(f"packages.pip[{n}]"), source=doc.path))
+        problem = pip_requirement_problem(entry) if entry is not None else None
+        if problem:
+            errors.append(EnvbuilderError(f"packages.pip[{n}]", problem[0], problem[1],
+                                          line=doc.line_of(f"packages.pip[{n}]"), source=doc.path))
     for n, entry in enumerate(pk.get("apt") or []):
         if entry is not None and not APT_RE.fullmatch(entry):
             errors.append(EnvbuilderError(
@@ -259,10 +298,10 @@ def _check_packages(data: dict, doc: SourceDoc) -> list[EnvbuilderError]:
                 "write name or name=version (e.g. git=1:2.39.5-0+deb12u1)",
                 line=doc.line_of(f"packages.apt[{n}]"), source=doc.path))
     for n, entry in enumerate(pk.get("conda") or []):
-        if entry is not None and not CONDA_RE.fullmatch(entry):
+        if entry is not None and not (CONDA_RE.fullmatch(entry) or CONDA_RANGE_RE.fullmatch(entry)):
             errors.append(EnvbuilderError(
-                f"packages.conda[{n}]", f"{shown(entry)} is not pinned to one version",
-                "write it as name=version (e.g. numpy=1.26.4)",
+                f"packages.conda[{n}]", f"{shown(entry)} is not a conda package with a version or a range",
+                "write it as name=version (e.g. numpy=1.26.4) or name>=1.26,<2 (the lock pins it)",
                 line=doc.line_of(f"packages.conda[{n}]"), source=doc.path))
     hv = data.get("horovod") or {}
     ops = hv.get("operations") or []

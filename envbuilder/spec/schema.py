@@ -77,6 +77,8 @@ HOROVOD_OPS = ("nccl", "mpi", "gloo")
 BASE_FROM = ("auto", "registry", "docker-daemon", "docker-archive", "oci-archive")
 RUNTIMES = JOB_RUNTIMES     # the registry in runtimes/__init__.py decides which exist
 MONITORS = ("tensorboard", "timeline")
+ATTESTATION_POLICIES = ("require", "warn", "off")   # the job's attestation gate (render/sbatch_sections/attestation.py)
+KEY_PATH_RE = re.compile(r"/[A-Za-z0-9._+@=,-][A-Za-z0-9._+@=,/-]*")
 LOCAL_CLEANUPS = ("job", "epilog", "slurm")   # who removes the node-local folder (render/sbatch_sections/nodelocal.py)
 DISTRIBUTED = ("horovod", "torch", "tf-multiworker", "none")
 TORCH_BACKENDS = ("nccl", "gloo", "mpi")
@@ -163,9 +165,13 @@ SPEC_FIELDS: dict[str, Field] = {
     "arch": s("CPU architecture of the image (default x86_64; a site profile's arch must agree).",
               enum=ARCHES),
     "packages": obj("Extra packages.", {
-        "pip": strlist("pip requirements, each pinned: name==version.", default=[]),
+        "pip": strlist("pip requirements (PEP 508): pinned (name==version) or a range (name>=1.2,<2, or a bare "
+                       "name) that `envbuilder lock` pins, with its hashes, for the image's Python and "
+                       "platform; no local paths, editable installs or VCS URLs without a pinned commit "
+                       "(docs/import.md).", default=[]),
         "apt": strlist("OS packages (name or name=version).", default=[]),
-        "conda": strlist("conda packages, name=version (resolved by conda-lock).", default=[],
+        "conda": strlist("conda packages, name=version or a range (name>=1.2,<2), resolved by conda-lock.",
+                         default=[],
                          example=["libjpeg-turbo=3.0.0"]),
     }),
     "base": s("Base image (tag or digest); default chosen from CUDA and Python.",
@@ -261,6 +267,16 @@ SPEC_FIELDS: dict[str, Field] = {
                        items=Field("string", "NAME=v1,v2,...", pattern=SWEEP_RE,
                                    pattern_hint="NAME=value1,value2 (NAME: letters, digits, _)"),
                        default=[], example=["LR=0.1,0.01", "BATCH=32,64"]),
+        "attestation": s("The job's attestation gate (a site profile's key; docs/attestation.md): before any "
+                         "rank, job.sbatch checks that the image has a signed attestation of a passing "
+                         "verify of this stack (cosign bundle IMAGE.att.json.bundle, signed by one of "
+                         "attestation_keys). require: refused -> exit 2 naming what failed; warn: says so "
+                         "and runs; off (default): no check.", enum=ATTESTATION_POLICIES),
+        "attestation_keys": Field("list", "Trusted public keys of the attestation gate (a site profile's "
+                                  "key): absolute paths of PEM public keys on the cluster; never private keys.",
+                                  items=Field("string", "entry", pattern=KEY_PATH_RE,
+                                              pattern_hint="absolute paths such as /etc/envbuilder/keys/site.pub"),
+                                  default=[], example=["/etc/envbuilder/keys/site.pub"]),
         "vet_min_nodes": i("Node vetting before training (off when unset): every node runs the image's "
                            "own check (a known-answer compute check, an allreduce within the node, the "
                            "fabric's device); failing or slow nodes (under half the best node's compute "

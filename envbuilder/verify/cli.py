@@ -92,6 +92,11 @@ def _write_report(option: str, path: str, text: str) -> None:
 def options(args) -> VerifyOptions:
     check_report_path("--report", args.report)
     check_report_path("--junit", args.junit)
+    if getattr(args, "attest", None):
+        from ..attest.commands import check_out_path
+
+        check_report_path("--attest", args.attest)
+        check_out_path(args.attest)
     if args.report and args.junit and Path(args.report).resolve() == Path(args.junit).resolve():
         raise EnvbuilderError("--junit", "names the same file as --report", "give the two different files")
     if args.ranks < 1:
@@ -158,12 +163,21 @@ def report_outcome(args, opts: VerifyOptions, target: Target, outcome: Outcome, 
                  "command": " ".join(shlex.quote(a) for a in outcome.argv)}
         _write_report("--junit", args.junit, rep.junit_xml(report, suite_name=f"envbuilder.verify.{target.name}",
                                                             properties=props))
+    attested = None
+    if getattr(args, "attest", None):
+        # a statement only for a passing, complete run (attest/statement.py why_not_passing)
+        from ..attest.commands import attest_after_verify
+
+        attested = attest_after_verify(report, target.image, target.manifest_path, args.attest,
+                                       nodes=getattr(args, "nodes", None) or 1, manifest=target.manifest)
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
     else:
         sys.stdout.write(rep.table(report) + "\n\n" + rep.headline(report, where) + "\n")
         if record:
             sys.stdout.write(record["line"] + "\n")
+    if attested:
+        sys.stderr.write(attested + "\n")
     sys.stdout.flush()
     return EXIT_CHECK_FAILED if failed else EXIT_OK
 

@@ -70,7 +70,7 @@ def assemble(stack: Stack) -> Plan:
 
 # manifest.json's expect keys in the order manifests have always had them (older manifests stay
 # byte for byte); a component's new key needs its place here.
-EXPECT_KEYS = ("python", "framework", "horovod", "mpi", "cuda", "cudnn", "nccl", "gpu", "packages", "cuda_source",
+EXPECT_KEYS = ("python", "arch", "framework", "horovod", "mpi", "cuda", "cudnn", "nccl", "gpu", "packages", "cuda_source",
                "cuda_arch", "cuda_runtime", "cpu_env", "distributed", "apt", "conda")
 
 

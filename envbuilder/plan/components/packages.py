@@ -7,6 +7,8 @@ from ..image import Step
 from ...stack import Stack
 from .base import Component, Layer, LockNeeds
 from .python import locked_pip, pip, pip_env
+from ...quoting import shell_words
+from ...spec.model import PIP_PIN_RE
 
 
 def requirements(stack: Stack) -> list[str]:
@@ -24,7 +26,7 @@ def pip_steps(stack: Stack) -> list[Step]:
     if stack.lock and not locked:
         return []       # everything they need is already installed by an earlier group
     return [Step("packages", "extra Python packages from the spec", locked or [
-        f"{pip(stack)} {' '.join(sorted(reqs, key=str.lower))}",
+        f"{pip(stack)} {shell_words(sorted(reqs, key=str.lower), 'packages.pip')}",
     ], network=True, mounts=mounts, build_env=pip_env(stack))]
 
 
@@ -50,6 +52,7 @@ class Packages(Component):
             return {"packages": dict(sorted(lock.pip_versions().items()))}
         pins = {}
         for req in stack.spec.packages.pip:
-            name, _, version = req.partition("==")
-            pins[name.split("[")[0].lower()] = version
+            m = PIP_PIN_RE.fullmatch(req)
+            if m:           # a range is checked once a lock pins it
+                pins[m.group(1).lower()] = m.group(3)
         return {"packages": dict(sorted(pins.items()))}

@@ -86,9 +86,11 @@ class System(Component):
         return {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
     def expect(self, stack: Stack) -> dict:
+        # the CPU architecture the image is built for (verify holds the running machine against it)
+        arch = {"arch": stack.spec.target_arch}
         lock = stack.lock
         if lock is None:
-            return {}
+            return arch
         # OS packages of the final stage, name -> version (for a dpkg drift check)
         stage = "runtime" if "runtime" in lock.apt else "devel"
-        return {"apt": {e["name"]: e["version"] for e in lock.apt.get(stage, [])}}
+        return {**arch, "apt": {e["name"]: e["version"] for e in lock.apt.get(stage, [])}}

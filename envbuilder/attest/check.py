@@ -1,0 +1,171 @@
+"""The whole check of an image against its attestation, in the order a refusal is cheapest:
+the key files are keys; the attestation is there and small; its signature verifies with a trusted
+key; it is an envbuilder verify statement; its subject is the bytes given (a file hashed once);
+verify passed; it is of this stack. The first that fails is the one message (exit 2), its reason
+starting with what failed: no attestation, wrong key, digest differs, verify failed, other stack.
+
+Three forms, one set of predicate checks (`check_statement`):
+- a file (SIF) with the statement and its cosign bundle beside it (`check_file`)
+- a SIF holding the statement in its signed group (`check_signed_sif`: apptainer verify)
+- a registry digest with the statement attached by cosign attest (`check_registry`)"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import EnvbuilderError
+from . import bounded, cosign, sifsign
+from .keys import check_key
+from .statement import PASSED, VERIFY_PREDICATE
+from .subject import file_sha256, image_id
+
+FIX_SIGN = "sign a passing verify's attestation with a trusted key: envbuilder attest sign (docs/attestation.md)"
+
+
+@dataclass(frozen=True)
+class Passed:
+    form: str
+    subject: str           # sha256:HEX the statement is about
+    key: str               # the trusted key that verified it
+    stack: str
+    statement: dict
+
+    def line(self, image: str) -> str:
+        s = self.statement["predicate"].get("summary") or {}
+        return (f"attestation ok: {image} ({self.subject[:19]}...) passed verify "
+                f"({s.get('pass', '?')} passed, {s.get('skip', 0)} skipped; "
+                f"{self.statement['predicate'].get('time')}), stack {self.stack[:17]}..., signed by {self.key} "
+                f"[{self.form}]")
+
+
+def refuse(reason: str, fix: str = FIX_SIGN) -> EnvbuilderError:
+    return EnvbuilderError("attestation", reason, fix)
+
+
+def trusted_keys(keys: list[str]) -> list[Path]:
+    if not keys:
+        raise EnvbuilderError("--key", "no trusted public key given",
+                              "give --key PUB.pem (the site's trusted keys: cluster.attestation_keys)")
+    return [check_key(k, private=False) for k in keys]
+
+
+def check_statement(statement: dict, digest: str | None, stack: str | None, where: str) -> str:
+    """The predicate's checks; DIGEST the hex the subject must name (None: the signature already
+    binds it, as inside a signed SIF). Returns the subject digest."""
+    if statement["predicateType"] != VERIFY_PREDICATE:
+        raise refuse(f"verify failed: {where} is a {statement['predicateType']} statement, not a verify attestation")
+    digests = [s["digest"]["sha256"] for s in statement["subject"]]
+    if digest is not None and digest not in digests:
+        raise refuse(f"digest differs: the image is sha256:{digest}, the attestation {where} is of "
+                     f"sha256:{digests[0]} (another image, or the image changed since)",
+                     "verify and attest this image, or run the image the attestation names")
+    pred = statement["predicate"]
+    if pred.get("result") != PASSED:
+        raise refuse(f"verify failed: the attestation {where} records result {pred.get('result')!r}, not {PASSED!r}",
+                     "run envbuilder verify until it passes, then attest that run")
+    if any(not isinstance(c, dict) or c.get("status") not in ("pass", "skip") for c in pred["checks"]):
+        raise refuse(f"verify failed: the attestation {where} lists a check that did not pass",
+                     "run envbuilder verify until it passes, then attest that run")
+    got = pred["stack"]["id"]
+    if stack is not None and got != stack:
+        raise refuse(f"other stack: the attestation {where} is of stack {got}, this job's is {stack}",
+                     "attest an image built from this stack's lock, or rebuild the job folder from the image's spec")
+    return digest if digest is not None else digests[0]
+
+
+def _verify_with(keys: list[Path], verify_one) -> tuple[Path | None, str]:
+    reason = ""
+    for key in keys:
+        problem = verify_one(key)
+        if problem is None:
+            return key, ""
+        reason = problem
+    return None, reason
+
+
+def check_file(image: str, keys: list[str], attestation: str | None = None, bundle: str | None = None,
+               stack: str | None = None) -> Passed:
+    pubs = trusted_keys(keys)
+    img = Path(image)
+    if not img.is_file():
+        raise EnvbuilderError("--image", f"{image} is not a file", "give the .sif the job runs")
+    att = Path(attestation) if attestation else Path(f"{image}.att.json")
+    text = bounded.read_text(att)
+    bnd = Path(bundle) if bundle else Path(f"{att}.bundle")
+    if not bnd.is_file():
+        raise refuse(f"no attestation: {att} has no signature bundle {bnd}", FIX_SIGN)
+    bounded.read_text(bnd, "--bundle")
+    key, reason = _verify_with(pubs, lambda k: cosign.verify_blob(att, bnd, k))
+    if key is None:
+        raise refuse(f"wrong key: the signature on {att} does not verify with "
+                     f"{', '.join(map(str, pubs))} (signed by another key, or changed after signing: {reason})")
+    statement = bounded.parse(text, "--attestation", str(att))
+    digest = check_statement(statement, file_sha256(img), stack, str(att))
+    return Passed("cosign bundle", f"sha256:{digest}", str(key), statement["predicate"]["stack"]["id"], statement)
+
+
+def check_signed_sif(image: str, keys: list[str], stack: str | None = None) -> Passed:
+    pubs = trusted_keys(keys)
+    sif = Path(image)
+    if not sif.is_file():
+        raise EnvbuilderError("--image", f"{image} is not a file", "give the signed .sif")
+    text = sifsign.read_attestation(sif)
+    if text is None:
+        raise refuse(f"no attestation: {image} holds no {sifsign.OBJECT_NAME} object",
+                     "envbuilder attest sign --format apptainer (docs/attestation.md)")
+    key, reason = _verify_with(pubs, lambda k: sifsign.verify(sif, k))
+    if key is None and "signature not found" in reason:
+        raise refuse(f"no attestation: {image} holds an attestation object but no signature of it ({reason.split('integrity: ')[-1]})",
+                     "envbuilder attest sign --format apptainer on a fresh copy of the SIF")
+    if key is None and "integrity compromised" in reason:
+        raise refuse(f"digest differs: {image} changed after it was signed ({reason.split('integrity: ')[-1]})",
+                     "run the SIF as it was signed, or verify, attest and sign this one")
+    if key is None:
+        raise refuse(f"wrong key: apptainer verify of {image} fails with {', '.join(map(str, pubs))} "
+                     f"(signed by another key, or the SIF changed after signing: {reason})")
+    statement = bounded.parse(text, "--attestation", f"{image}:{sifsign.OBJECT_NAME}")
+    # the signature covers the file system and the attestation together: no subject hash needed
+    digest = check_statement(statement, None, stack, f"in {image}")
+    return Passed("apptainer signed group", f"sha256:{digest}", str(key), statement["predicate"]["stack"]["id"],
+                  statement)
+
+
+def check_registry(ref: str, keys: list[str], stack: str | None = None, pulled: str | None = None) -> Passed:
+    """REF: REPO@sha256:DIGEST. PULLED: the local image pulled from it, whose ID must be the image
+    verify ran (the predicate's `verified`)."""
+    pubs = trusted_keys(keys)
+    if "@sha256:" not in ref:
+        raise EnvbuilderError("--image", f"{ref} names no digest",
+                              "give the image by digest: REPO@sha256:DIGEST (a tag can move)")
+    digest = ref.rsplit("@sha256:", 1)[1]
+    texts: list[str] | None = None
+    reason = ""
+    key = None
+    for k in pubs:
+        texts, reason = cosign.verify_attestation(ref, k, VERIFY_PREDICATE)
+        if texts:
+            key = k
+            break
+    if key is None or not texts:
+        if "no matching attestations" in reason or "no signatures found" in reason:
+            raise refuse(f"no attestation: the registry holds no attestation of {ref} ({reason})")
+        raise refuse(f"wrong key: no attestation of {ref} verifies with {', '.join(map(str, pubs))} ({reason})")
+    last: EnvbuilderError | None = None
+    for text in texts:
+        statement = bounded.parse(text, "--attestation", ref)
+        try:
+            check_statement(statement, digest, stack, f"of {ref}")
+        except EnvbuilderError as exc:
+            last = exc
+            continue
+        verified = (statement["predicate"].get("verified") or {}).get("digest", {}).get("sha256")
+        if pulled is not None:
+            local = image_id(pulled)
+            if verified and local != verified:
+                raise refuse(f"digest differs: the pulled image {pulled} is sha256:{local}, verify ran sha256:{verified}",
+                             "pull the image by the attested digest")
+        return Passed("cosign registry attestation", f"sha256:{digest}", str(key),
+                      statement["predicate"]["stack"]["id"], statement)
+    assert last is not None
+    raise last

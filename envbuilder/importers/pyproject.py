@@ -1,0 +1,108 @@
+"""pyproject.toml (PEP 621): ``[project].dependencies``, the optional groups asked for
+(``--extra NAME``), ``requires-python``, ``name``; read with the standard library's tomllib. When
+a ``uv.lock`` or ``pylock.toml`` (PEP 751) lies beside it, each direct dependency is pinned to the
+version that lock holds (what the project was tested with); the lock's hashes are not copied:
+envbuilder's own lock records the index's for the image's platform.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+from .model import MAX_LOCK_BYTES, Found, canonical, read_text, refuse
+from .requirements import parse_requirement
+
+
+def _toml(text: str, shown: str, what: str) -> dict:
+    try:
+        tomllib = importlib.import_module("tomllib")
+    except ModuleNotFoundError:            # Python < 3.11
+        raise refuse(shown, None, "reading TOML needs Python 3.11 or later (tomllib)",
+                     "run envbuilder with Python >= 3.11") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        raise refuse(shown, int(m.group(1)) if m else None, f"is not a {what}: TOML error: {str(exc)[:160]}",
+                     f"give a valid {what}") from None
+
+
+def _line_of(text: str, needle: str, after: int = 0) -> int | None:
+    """The line of the first occurrence of ``needle`` at or after line ``after`` (tomllib keeps
+    no positions)."""
+    lines = text.splitlines()
+    for n in range(after, len(lines)):
+        if needle in lines[n]:
+            return n + 1
+    return None
+
+
+def _lock_versions(folder: Path, shown_folder: str) -> tuple[dict[str, str], str | None]:
+    for name, key in (("pylock.toml", "packages"), ("uv.lock", "package")):
+        path = folder / name
+        if path.is_file():
+            shown = f"{shown_folder}/{name}" if shown_folder not in ("", ".") else name
+            data = _toml(read_text(path, shown, name, MAX_LOCK_BYTES), shown, name)
+            pkgs = data.get(key)
+            if not isinstance(pkgs, list):
+                raise refuse(shown, None, f"is not a {name}: no [[{key}]] tables", f"regenerate it ({name})")
+            out: dict[str, str] = {}
+            for p in pkgs:
+                if isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("version"), str):
+                    out.setdefault(canonical(p["name"]), p["version"])
+            return out, shown
+    return {}, None
+
+
+def read_pyproject(path: Path, shown: str, extras: tuple[str, ...] = ()) -> Found:
+    text = read_text(path, shown, "pyproject.toml")
+    data = _toml(text, shown, "pyproject.toml")
+    project = data.get("project")
+    if not isinstance(project, dict):
+        raise refuse(shown, 1, "has no [project] table (PEP 621): its dependencies are not declared there",
+                     "declare them under [project] dependencies = [...], or give a requirements file")
+    dynamic = project.get("dynamic") or []
+    if isinstance(dynamic, list) and "dependencies" in dynamic and not project.get("dependencies"):
+        raise refuse(shown, _line_of(text, "dynamic"), "declares its dependencies `dynamic`: they are computed "
+                     "by the build backend (setup.py, a requirements file), which envbuilder never runs",
+                     "give the requirements file the backend reads (envbuilder init requirements.txt)")
+    found = Found(source=shown, kind="pyproject.toml")
+    if isinstance(project.get("name"), str):
+        found.name = project["name"]
+    section = _line_of(text, "[project]") or 1
+    if isinstance(project.get("requires-python"), str):
+        found.python = (project["requires-python"], shown, _line_of(text, "requires-python", section - 1))
+    pins, lock_name = _lock_versions(path.resolve().parent, str(Path(shown).parent))
+    groups: list[tuple[str, list]] = [("dependencies", project.get("dependencies") or [])]
+    optional = project.get("optional-dependencies") or {}
+    if not isinstance(optional, dict):
+        raise refuse(shown, _line_of(text, "optional-dependencies"), "[project.optional-dependencies] is not a table",
+                     "write [project.optional-dependencies] with NAME = [...] lists")
+    for extra in extras:
+        if extra not in optional:
+            raise refuse(shown, _line_of(text, "optional-dependencies"),
+                         f"has no optional group {extra!r} (it has: {', '.join(sorted(optional)) or 'none'})",
+                         "name one of them with --extra")
+        groups.append((extra, optional[extra]))
+    if optional and not extras:
+        found.notes.append(f"{shown}: optional groups {', '.join(sorted(optional))} not read "
+                           "(envbuilder init --extra NAME reads one)")
+    for group, reqs in groups:
+        if not isinstance(reqs, list) or not all(isinstance(r, str) for r in reqs):
+            raise refuse(shown, _line_of(text, group), f"{group} is not a list of requirement strings",
+                         "write dependencies = [\"numpy>=1.26\", ...]")
+        start = (_line_of(text, f"{group} =") or _line_of(text, f"{group}=") or section) - 1
+        for req in reqs:
+            line = _line_of(text, req, start) or _line_of(text, req)
+            dep = parse_requirement(req, shown, line)
+            if dep.name in pins and not dep.version.startswith("=="):
+                from packaging.requirements import Requirement
+
+                r = Requirement(dep.text)
+                asked = str(r.specifier) or "any version"
+                r.specifier = type(r.specifier)(f"=={pins[dep.name]}")
+                dep = parse_requirement(str(r), shown, line, note=f"pinned from {lock_name} ({asked} asked)")
+            found.add(dep)
+    return found

@@ -32,8 +32,10 @@ from .redact import redact_url
 
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 VARIABLE_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# a shell variable reference kept live by shell_dq: $NAME, ${NAME} or ${NAME:-}, nothing more
-_VAR_RE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*(?::-)?\})")
+# $NAME, ${NAME}, ${NAME:-} and ${NAME:+:$NAME} (a colon and the old value only when set): expansions
+# that run nothing
+_VAR_RE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*(?::-)?\}"
+                     r"|\{(?P<n>[A-Za-z_][A-Za-z0-9_]*):\+:\$(?P=n)\})")
 # what sbatch's option parser takes unquoted in a #SBATCH line (no space, quote, #, \)
 _SBATCH_RE = re.compile(r"[A-Za-z0-9._,:%=+/@-]+")
 # an image reference: [registry[:port]/]path[:tag][@sha256:digest] (distribution/reference's

@@ -181,14 +181,14 @@ def test_mpich_build_step_runtime_copy_and_env(tmp_path):
     assert "--from=devel /opt/mpich /opt/mpich" in copies
     env = " ".join(i["value"] for i in st["runtime"] if i["instruction"] == "ENV")
     assert 'PATH="/opt/venv/bin:/opt/mpich/bin:$PATH"' in env
-    assert 'LD_LIBRARY_PATH="/opt/mpich/lib:${LD_LIBRARY_PATH:-}"' in env
+    assert 'LD_LIBRARY_PATH="/opt/mpich/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"' in env
     assert "OMPI_MCA" not in env and "openmpi" not in docker
     assert hadolint_findings(tmp_path, docker) == []
     # Apptainer: the same build, the prefix copied from the devel stage, the same environment
     app = files["Apptainer.def"]
     assert "--with-device=ch4:ofi" in app and "--with-pmi=pmi2 " in app
     assert re.search(r"%files from devel\n\s+/opt/mpich /opt/mpich\n", app)
-    assert 'export LD_LIBRARY_PATH="/opt/mpich/lib:${LD_LIBRARY_PATH:-}"' in app
+    assert 'export LD_LIBRARY_PATH="/opt/mpich/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"' in app
     # the manifest and the job script
     manifest = json.loads(files["manifest.json"])
     assert manifest["expect"]["mpi"] == {"flavor": "mpich", "version": "4.3.2"}

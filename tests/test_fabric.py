@@ -316,7 +316,7 @@ def test_efa_builds_libfabric_and_the_nccl_plugin_from_hashed_tarballs_into_the_
     assert at == sorted(at), at
     assert "COPY --from=devel /opt/libfabric /opt/libfabric" in runtime
     assert "COPY --from=devel /opt/aws-ofi-nccl /opt/aws-ofi-nccl" in runtime
-    assert 'LD_LIBRARY_PATH="/opt/aws-ofi-nccl/lib:/opt/libfabric/lib:${LD_LIBRARY_PATH:-}"' in runtime
+    assert 'LD_LIBRARY_PATH="/opt/aws-ofi-nccl/lib:/opt/libfabric/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"' in runtime
     proc = subprocess.run([venv_tool("hadolint"), "--no-color", "--format", "json", str(out / "Dockerfile")],
                           capture_output=True, text=True)
     assert [f for f in json.loads(proc.stdout or "[]") if f["code"] != "DL3008"] == []
@@ -337,7 +337,7 @@ def test_efa_on_a_cpu_stack_builds_libfabric_but_no_nccl_plugin(tmp_path):
     assert r.code == 0, r.err
     dockerfile = (out / "Dockerfile").read_text()
     assert "libfabric-2.5.0.tar.bz2" in dockerfile and "aws-ofi-nccl" not in dockerfile
-    assert "/opt/libfabric/lib:${LD_LIBRARY_PATH:-}" in dockerfile
+    assert "/opt/libfabric/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" in dockerfile
 
 
 def test_fabric_tcp_leaves_the_image_as_it_was(tmp_path):

@@ -88,7 +88,7 @@ def test_the_wheel_goes_into_the_venv_after_the_framework_with_its_plugin(tmp_pa
     docker = files["Dockerfile"]
     assert docker.index("torch==2.13.0+cpu") < docker.index("/opt/venv/bin/mpicc /tmp/mpi-probe.c")
     assert f"test -e /opt/venv/lib/{lib}" in docker
-    assert 'LD_LIBRARY_PATH="/opt/venv/lib:${LD_LIBRARY_PATH:-}"' in docker
+    assert 'LD_LIBRARY_PATH="/opt/venv/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"' in docker
     assert ('OPAL_PREFIX="/opt/venv"' in docker) == (plugin == "pmix")
     assert f"srun --mpi={plugin} " in files["job.sbatch"]
     expect = json.loads(files["manifest.json"])["expect"]["mpi"]

@@ -11,7 +11,7 @@ from ...lock.model import PIP_GROUPS
 from ..image import Copy, Plan, Stage, Step
 from ...stack import Stack
 from . import conda, cuda, fabric, framework, horovod, mpi, mpi4py, packages, python, smoke, system
-from .base import Layer, LockNeeds
+from .base import LD_PATH_TAIL, Layer, LockNeeds
 
 # The runtime stage copies in this order (the layers a change leaves cached come first: NVIDIA's
 # wheels before the venv that holds them), and the environment merges in it.
@@ -57,7 +57,8 @@ def assemble(stack: Stack) -> Plan:
     for part in COMPONENTS:
         for key, value in part.env(stack).items():
             if key in ("PATH", "LD_LIBRARY_PATH") and key in env:   # components extend these, none replaces
-                value = value.replace(f"${{{key}:-}}" if key == "LD_LIBRARY_PATH" else "$PATH", env[key])
+                value = (value.replace(LD_PATH_TAIL, ":" + env[key]) if key == "LD_LIBRARY_PATH"
+                         else value.replace("$PATH", env[key]))
             env[key] = value
         notes.update(part.env_notes(stack))
     env.update(dict(spec.env))

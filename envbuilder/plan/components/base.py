@@ -12,6 +12,11 @@ from enum import Enum, auto
 from ..image import Copy, Step
 from ...stack import Stack
 
+# How a component's LD_LIBRARY_PATH keeps what was there: a colon and the old value only when there
+# is one (`dir:${LD_LIBRARY_PATH:-}` left an empty entry when unset, and an empty entry makes the
+# loader search the current folder). Docker, BuildKit, buildah and sh all expand ${X:+word}.
+LD_PATH_TAIL = "${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
 
 class Layer(Enum):
     """The devel stage's slots, in build order: what changes least first, and each after what it

@@ -19,7 +19,7 @@ from ...lock.pins import source
 from ..image import Copy, Step
 from ...quoting import shell_word
 from ...stack import Stack
-from .base import Component, Layer, LockNeeds
+from .base import LD_PATH_TAIL, Component, Layer, LockNeeds
 from .cuda import CUDA_HOME
 
 
@@ -138,7 +138,7 @@ class Fabric(Component):
         libs = [f"{w['prefix']}/lib" for w in (stack.nccl_plugin_build, stack.libfabric_build) if w]
         if not libs:
             return {}
-        return {"LD_LIBRARY_PATH": ":".join(libs) + ":${LD_LIBRARY_PATH:-}"}
+        return {"LD_LIBRARY_PATH": ":".join(libs) + LD_PATH_TAIL}
 
     def lock_needs(self, stack: Stack) -> LockNeeds:
         return LockNeeds(apt={"devel": devel_apt(stack), "runtime": runtime_apt(stack)},

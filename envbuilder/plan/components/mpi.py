@@ -24,7 +24,7 @@ from ...quoting import shell_word
 from ...stack import Stack
 from ...versions import satisfies
 from . import fabric
-from .base import Component, Layer, LockNeeds
+from .base import LD_PATH_TAIL, Component, Layer, LockNeeds
 from .python import locked_pip, pip, pip_env
 
 PREFIXES = {"openmpi": "/opt/openmpi", "mpich": "/opt/mpich"}   # where a built MPI goes, per flavor
@@ -226,13 +226,13 @@ def runtime_env(stack: Stack) -> dict[str, str]:
     env = {}
     wheel = pypi(stack)
     if wheel:
-        env["LD_LIBRARY_PATH"] = f"{VENV}/lib:${{LD_LIBRARY_PATH:-}}"
+        env["LD_LIBRARY_PATH"] = f"{VENV}/lib{LD_PATH_TAIL}"
         if wheel.get("prefix_env"):
             env[wheel["prefix_env"]] = VENV
         env.update(wheel.get("env") or {})
     if stack.mpi_source == "build":
         env["PATH"] = f"{prefix(stack)}/bin:$PATH"
-        env["LD_LIBRARY_PATH"] = f"{prefix(stack)}/lib:${{LD_LIBRARY_PATH:-}}"
+        env["LD_LIBRARY_PATH"] = f"{prefix(stack)}/lib{LD_PATH_TAIL}"
     if stack.spec.mpi and stack.spec.mpi.flavor == "mpich" and stack.mpi_source != "image":
         return env
     # Container MPI tips from Apptainer's MPI guide and slurm.md F1: no CMA single copy inside

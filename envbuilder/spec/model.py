@@ -16,7 +16,7 @@ from .yamlsource import SourceDoc, read_spec_file
 PIP_PIN_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9,._-]+\])?==([A-Za-z0-9.+!_-]+)")
 APT_RE = re.compile(r"([a-z0-9][a-z0-9+.-]+)(=[A-Za-z0-9.+:~_-]+)?")
 CONDA_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(=|==)([A-Za-z0-9.+_*-]+)")
-# a conda match spec with a range (conda-lock resolves it): name>=1.2,<2 or name (any version)
+# a conda match spec with a range (the lock solves it): name>=1.2,<2 or name (any version)
 CONDA_RANGE_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)((?:[<>!]=?|==|~=)[A-Za-z0-9.+_*-]+"
                             r"(?:,(?:[<>!]=?|==|~=)[A-Za-z0-9.+_*-]+)*)?")
 # a VCS requirement's pinned commit: the full 40 (SHA-1) or 64 (SHA-256) hex digits after the last @

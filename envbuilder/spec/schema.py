@@ -168,7 +168,7 @@ SPEC_FIELDS: dict[str, Field] = {
                        "platform; no local paths, editable installs or VCS URLs without a pinned commit "
                        "(docs/import.md).", default=[]),
         "apt": strlist("OS packages (name or name=version).", default=[]),
-        "conda": strlist("conda packages, name=version or a range (name>=1.2,<2), resolved by conda-lock.",
+        "conda": strlist("conda packages, name=version or a range (name>=1.2,<2), solved by `envbuilder lock` (py-rattler) against the site's channels.",
                          default=[],
                          example=["libjpeg-turbo=3.0.0"]),
     }),

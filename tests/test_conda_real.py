@@ -217,6 +217,17 @@ def _build_with_lock_moved_to(out: Path, old: str, new: str, args: list[str]):
     return run_envbuilder(*args, timeout=600)
 
 
+def test_a_channel_that_is_not_one_is_refused_naming_the_variable(tmp_path):
+    spec = conda_spec(tmp_path)
+    for bad in ("https://user:secret@mirror.example/conda", "ftp://mirror/x", "a b", "$(id)"):
+        r = run_envbuilder("lock", str(spec), "--out", str(tmp_path / "o"),
+                           env=dict(os.environ, ENVBUILDER_CONDA_CHANNEL=bad))
+        assert r.code == 2, (bad, r.err)
+        assert "ENVBUILDER_CONDA_CHANNEL" in r.err and "is not a conda channel" in r.err and "Traceback" not in r.err
+        assert "secret" not in r.err
+        assert not (tmp_path / "o").exists()
+
+
 def test_the_shipped_installer_is_the_module_in_the_package():
     from envbuilder.lock import conda as conda_
 

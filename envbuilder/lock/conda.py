@@ -2,9 +2,9 @@
 package with its url, sha256 and md5; installed in the image by py-rattler, offline.
 
 ``envbuilder lock`` solves the spec's ``packages.conda`` with ``rattler.solve`` for linux-64 (+
-noarch) against the channels the site names (``--conda-channel URL``, repeatable, or
-``ENVBUILDER_CONDA_CHANNEL``: comma-separated; a mirror's ``https://`` URL or a local
-``file:///path`` channel; default conda-forge). A lockfile made elsewhere comes in with
+noarch) against the channels the site names (``ENVBUILDER_CONDA_CHANNEL``: comma-separated; a
+mirror's ``https://`` URL or a local ``file:///path`` channel; default conda-forge), recorded in the
+lock's inputs. A lockfile made elsewhere comes in with
 ``--conda-lockfile FILE``. Either way the lockfile is checked (every package hashed, the spec's
 packages at the asked versions) and kept whole in envbuilder.lock.
 
@@ -44,12 +44,12 @@ SCRIPT = Path(__file__).with_name("conda_install.py")
 
 
 def channels(given: list[str] | tuple[str, ...] | None = None) -> list[str]:
-    """The channels to solve against: --conda-channel, else ENVBUILDER_CONDA_CHANNEL (comma-separated),
-    else conda-forge."""
+    """The channels to solve against: GIVEN, else ENVBUILDER_CONDA_CHANNEL (comma-separated), else
+    conda-forge; each checked (bad input: one message, exit 2)."""
     if given:
-        return list(given)
+        return [check_channel(c, "conda channel") for c in given]
     env = [c.strip() for c in os.environ.get("ENVBUILDER_CONDA_CHANNEL", "").split(",") if c.strip()]
-    return env or [DEFAULT_CHANNEL]
+    return [check_channel(c, "ENVBUILDER_CONDA_CHANNEL") for c in env] or [DEFAULT_CHANNEL]
 
 
 _CHANNEL_RE = re.compile(r"(?:https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?|file://)(?:/[A-Za-z0-9._~%/+=,:@-]*)?"
@@ -146,7 +146,7 @@ def resolve(spec_packages: list[str], chans: list[str]) -> tuple[dict, str]:
     import rattler
 
     for c in chans:
-        check_channel(c, "--conda-channel")
+        check_channel(c, "ENVBUILDER_CONDA_CHANNEL")
     specs = [_match_spec(p) for p in spec_packages]
     try:
         records = asyncio.run(rattler.solve(sources=[rattler.Channel(c) for c in chans], specs=specs,
@@ -156,7 +156,7 @@ def resolve(spec_packages: list[str], chans: list[str]) -> tuple[dict, str]:
         raise CheckFailed("lock: conda", f"py-rattler could not solve {', '.join(spec_packages)} "
                           f"against {', '.join(chans)}: {first}",
                           "check the package names and versions, and that the channels are reachable "
-                          "(a site mirror: --conda-channel URL or ENVBUILDER_CONDA_CHANNEL; docs/lock.md)") from None
+                          "(a site mirror: ENVBUILDER_CONDA_CHANNEL=URL; docs/lock.md)") from None
     data = {"version": 1,
             "metadata": {"channels": [{"url": c, "used_env_vars": []} for c in chans], "platforms": [PLATFORM],
                          "sources": ["envbuilder spec: packages.conda"]},
@@ -230,7 +230,7 @@ def fetch(packages: list[dict], folder: Path, ca_bundle: str | None = None) -> l
         except OSError as exc:
             part.unlink(missing_ok=True)
             raise CheckFailed(f"conda: {p['name']}", f"cannot fetch {p['url']}: {exc}",
-                              "make the channel reachable (a site mirror: --conda-channel URL at lock time), "
+                              "make the channel reachable (a site mirror: ENVBUILDER_CONDA_CHANNEL=URL, then lock again), "
                               "or put the file into " + str(dest)) from None
         got = _sha256(part)
         if got != want:

@@ -228,6 +228,23 @@ def test_a_channel_that_is_not_one_is_refused_naming_the_variable(tmp_path):
         assert not (tmp_path / "o").exists()
 
 
+def test_the_spec_names_its_channels_and_the_sites_variable_replaces_them(channel, tmp_path, monkeypatch):
+    from envbuilder.needs import needs
+    from envbuilder.spec.model import load_spec
+    from envbuilder.stack import resolve
+
+    spec = conda_spec(tmp_path)
+    spec.write_text(spec.read_text().replace("packages: {conda:", f"packages: {{conda_channels: [\"file://{channel}\"], conda:"))
+    monkeypatch.delenv("ENVBUILDER_CONDA_CHANNEL", raising=False)
+    assert needs(resolve(load_spec(str(spec))))["conda"]["channels"] == [f"file://{channel}"]
+    monkeypatch.setenv("ENVBUILDER_CONDA_CHANNEL", "https://mirror.example/conda-forge")
+    assert needs(resolve(load_spec(str(spec))))["conda"]["channels"] == ["https://mirror.example/conda-forge"]
+    monkeypatch.delenv("ENVBUILDER_CONDA_CHANNEL")
+    spec.write_text(spec.read_text().replace(f"file://{channel}", "ftp://x/$(id)"))
+    r = run_envbuilder("check", str(spec))
+    assert r.code == 2 and "packages.conda_channels[0]" in r.err and "is not a conda channel" in r.err, r.err
+
+
 def test_the_shipped_installer_is_the_module_in_the_package():
     from envbuilder.lock import conda as conda_
 

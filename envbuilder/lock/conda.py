@@ -33,7 +33,7 @@ import yaml
 
 from ..errors import CheckFailed, EnvbuilderError
 from ..paths import CONDA_PREFIX
-from ..spec.model import CONDA_RANGE_RE, CONDA_RE
+from ..spec.model import CONDA_CHANNEL_RE, CONDA_RANGE_RE, CONDA_RE
 
 PLATFORM = "linux-64"
 PREFIX = CONDA_PREFIX
@@ -43,21 +43,18 @@ DEFAULT_CHANNEL = "conda-forge"
 SCRIPT = Path(__file__).with_name("conda_install.py")
 
 
-def channels(given: list[str] | tuple[str, ...] | None = None) -> list[str]:
-    """The channels to solve against: GIVEN, else ENVBUILDER_CONDA_CHANNEL (comma-separated), else
-    conda-forge; each checked (bad input: one message, exit 2)."""
-    if given:
-        return [check_channel(c, "conda channel") for c in given]
+def channels(spec_channels: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The channels to solve against: the site's ENVBUILDER_CONDA_CHANNEL (comma-separated: its
+    mirror), else the spec's packages.conda_channels, else conda-forge; each checked (bad input: one
+    message, exit 2)."""
     env = [c.strip() for c in os.environ.get("ENVBUILDER_CONDA_CHANNEL", "").split(",") if c.strip()]
-    return [check_channel(c, "ENVBUILDER_CONDA_CHANNEL") for c in env] or [DEFAULT_CHANNEL]
-
-
-_CHANNEL_RE = re.compile(r"(?:https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?|file://)(?:/[A-Za-z0-9._~%/+=,:@-]*)?"
-                         r"|[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+    if env:
+        return [check_channel(c, "ENVBUILDER_CONDA_CHANNEL") for c in env]
+    return [check_channel(c, "packages.conda_channels") for c in spec_channels] or [DEFAULT_CHANNEL]
 
 
 def check_channel(channel: str, where: str) -> str:
-    if not _CHANNEL_RE.fullmatch(channel) or "@" in channel.split("//", 1)[-1].split("/", 1)[0]:
+    if not CONDA_CHANNEL_RE.fullmatch(channel) or "@" in channel.split("//", 1)[-1].split("/", 1)[0]:
         raise EnvbuilderError(where, f"{channel[:200]!r} is not a conda channel",
                               "give a channel name (conda-forge), an https:// mirror URL or a local "
                               "file:///path/to/channel (a folder holding noarch/repodata.json)")

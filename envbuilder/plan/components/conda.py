@@ -59,7 +59,7 @@ class Conda(Component):
         if not wanted(stack):
             return LockNeeds()
         return LockNeeds(pip_groups={GROUP: [conda_.RATTLER]},
-                         conda={"packages": sorted(stack.spec.packages.conda), "channels": conda_.channels(),
+                         conda={"packages": sorted(stack.spec.packages.conda), "channels": conda_.channels(stack.spec.packages.conda_channels),
                                 "platform": conda_.PLATFORM})
 
     def expect(self, stack: Stack) -> dict:

@@ -143,7 +143,7 @@ def resolve(spec_packages: list[str], chans: list[str]) -> tuple[dict, str]:
     import rattler
 
     for c in chans:
-        check_channel(c, "ENVBUILDER_CONDA_CHANNEL")
+        check_channel(c, "conda channel")
     specs = [_match_spec(p) for p in spec_packages]
     try:
         records = asyncio.run(rattler.solve(sources=[rattler.Channel(c) for c in chans], specs=specs,

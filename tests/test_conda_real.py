@@ -8,7 +8,6 @@ site points at its mirror (ENVBUILDER_CONDA_CHANNEL; docs/lock.md)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -27,31 +26,43 @@ GREETING = "envbuilder-conda-greeting"
 TAG = "envbuilder-test/conda-real:1"
 
 
+_MAKE_CHANNEL = """
+import asyncio, os, sys
+from pathlib import Path
+import rattler_build
+from rattler.index.index import index_fs
+root, hello_name, greeting_name = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+channel = root / "channel"
+(channel / "noarch").mkdir(parents=True)
+(channel / "linux-64").mkdir()
+greet = root / "src-greeting" / "share" / "envbuilder-conda"
+greet.mkdir(parents=True)
+(greet / "greeting.txt").write_text("hello from a conda package\\n")
+hello = root / "src-hello" / "bin"
+hello.mkdir(parents=True)
+prog = hello / hello_name
+prog.write_text('#!/bin/sh\\nhere=$(dirname "$(readlink -f "$0")")\\n'
+                'cat "$here/../share/envbuilder-conda/greeting.txt"\\n')
+prog.chmod(0o755)
+rattler_build.assemble_package(name=greeting_name, version="1.2", target_platform="noarch", build_string="0",
+                               output_dir=channel / "noarch", files_dir=greet.parent.parent, noarch="generic")
+rattler_build.assemble_package(name=hello_name, version="1.0", target_platform="noarch", build_string="0",
+                               output_dir=channel / "noarch", files_dir=hello.parent, noarch="generic",
+                               depends=[greeting_name + " >=1.2"])
+asyncio.run(index_fs(channel))
+sys.stdout.flush()
+os._exit(0)   # py-rattler's runtime threads can crash the interpreter as it exits
+"""
+
+
 def make_channel(root: Path) -> Path:
     """Two real noarch packages: HELLO (a program, bin/envbuilder-conda-hello) depends on GREETING
-    (a data file it prints); indexed as a channel."""
-    import rattler_build
-    from rattler.index.index import index_fs
-
-    channel = root / "channel"
-    (channel / "noarch").mkdir(parents=True)
-    (channel / "linux-64").mkdir()
-    greet = root / "src-greeting" / "share" / "envbuilder-conda"
-    greet.mkdir(parents=True)
-    (greet / "greeting.txt").write_text("hello from a conda package\n")
-    hello = root / "src-hello" / "bin"
-    hello.mkdir(parents=True)
-    prog = hello / HELLO
-    prog.write_text('#!/bin/sh\nhere=$(dirname "$(readlink -f "$0")")\n'
-                    'cat "$here/../share/envbuilder-conda/greeting.txt"\n')
-    prog.chmod(0o755)
-    rattler_build.assemble_package(name=GREETING, version="1.2", target_platform="noarch", build_string="0",
-                                   output_dir=channel / "noarch", files_dir=greet.parent.parent, noarch="generic")
-    rattler_build.assemble_package(name=HELLO, version="1.0", target_platform="noarch", build_string="0",
-                                   output_dir=channel / "noarch", files_dir=hello.parent, noarch="generic",
-                                   depends=[f"{GREETING} >=1.2"])
-    asyncio.run(index_fs(channel))
-    return channel
+    (a data file it prints); indexed as a channel. Made in a process of its own (py-rattler 0.28 can
+    crash an interpreter as it exits: lock/rattler_solve.py)."""
+    proc = subprocess.run([sys.executable, "-c", _MAKE_CHANNEL, str(root), HELLO, GREETING],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return root / "channel"
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,14 @@ indexes them as a local channel and installs exactly those records with ``rattle
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
 import re
 import shutil
 import ssl
+import subprocess
+import sys
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -41,6 +42,7 @@ PKGS_DIR = "conda-pkgs"                 # in the output folder and the build con
 RATTLER = "py-rattler==0.28.0"          # the installer, from PyPI (the lock's pip group `build`)
 DEFAULT_CHANNEL = "conda-forge"
 SCRIPT = Path(__file__).with_name("conda_install.py")
+SOLVER = Path(__file__).with_name("rattler_solve.py")
 
 
 def channels(spec_channels: list[str] | tuple[str, ...] = ()) -> list[str]:
@@ -121,43 +123,34 @@ def rattler_version() -> str | None:
         return None
 
 
-def _lock_entry(rec) -> dict:
-    deps = {}
-    for dep in rec.depends:
-        name, _, spec = dep.partition(" ")
-        deps[name] = spec.strip() or "*"
-    return {"name": rec.name.normalized, "version": str(rec.version), "manager": "conda", "platform": PLATFORM,
-            "dependencies": deps, "url": rec.url,
-            "hash": {"sha256": rec.sha256.hex(), **({"md5": rec.md5.hex()} if rec.md5 else {})},
-            "category": "main", "optional": False}
-
-
 def resolve(spec_packages: list[str], chans: list[str]) -> tuple[dict, str]:
-    """Solve SPEC_PACKAGES for linux-64 with py-rattler; (checked lockfile in conda-lock's v1
-    format, the py-rattler version)."""
+    """Solve SPEC_PACKAGES for linux-64 with py-rattler (in a process of its own: rattler_solve.py);
+    (checked lockfile in conda-lock's v1 format, the py-rattler version)."""
     version = rattler_version()
     if not version:
         raise CheckFailed("lock: conda", "py-rattler is not installed",
                           "pip install 'envbuilder[conda]' (py-rattler, from PyPI), or bring a lockfile "
                           "made elsewhere: --conda-lockfile conda-lock.yml")
-    import rattler
-
     for c in chans:
         check_channel(c, "conda channel")
-    specs = [_match_spec(p) for p in spec_packages]
+    args = {"specs": [_match_spec(p) for p in spec_packages], "channels": chans, "platforms": [PLATFORM, "noarch"]}
+    fix = ("check the package names and versions, and that the channels are reachable "
+           "(a site mirror: ENVBUILDER_CONDA_CHANNEL=URL; docs/lock.md)")
     try:
-        records = asyncio.run(rattler.solve(sources=[rattler.Channel(c) for c in chans], specs=specs,
-                                            platforms=[PLATFORM, "noarch"]))
-    except Exception as exc:  # noqa: BLE001 - rattler raises its own types (SolverError, FetchRepoDataError, ...)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        proc = subprocess.run([sys.executable, str(SOLVER), json.dumps(args)], capture_output=True, text=True,
+                              timeout=900)
+        result = json.loads(proc.stdout or "{}")
+    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+        raise CheckFailed("lock: conda", f"py-rattler's solve did not finish: {exc}", fix) from None
+    if not isinstance(result, dict) or not result.get("ok"):
+        error = str(result.get("error") if isinstance(result, dict) else "") or \
+            (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:300]
         raise CheckFailed("lock: conda", f"py-rattler could not solve {', '.join(spec_packages)} "
-                          f"against {', '.join(chans)}: {first}",
-                          "check the package names and versions, and that the channels are reachable "
-                          "(a site mirror: ENVBUILDER_CONDA_CHANNEL=URL; docs/lock.md)") from None
+                          f"against {', '.join(chans)}: {error}", fix)
     data = {"version": 1,
             "metadata": {"channels": [{"url": c, "used_env_vars": []} for c in chans], "platforms": [PLATFORM],
                          "sources": ["envbuilder spec: packages.conda"]},
-            "package": [_lock_entry(r) for r in records]}
+            "package": result["records"]}
     return check_lockfile(data, spec_packages, "py-rattler's solution"), version
 
 

@@ -81,4 +81,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    # py-rattler 0.28's runtime threads can crash the interpreter as it exits (SIGSEGV or abort,
+    # seen here in about one run of six after a complete install): leave without finalizing
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -19,7 +19,7 @@ from .errors import EnvbuilderError
 EXECUTABLE = {"job.sbatch", "slurm-epilog.sh"}
 OWNED = ("pins", "envbuilder_smoke")   # all generated: a file the new write lacks is stale
 # the names envbuilder gives files in the folders it owns (lock/pins.py, the smoke suite)
-GENERATED = re.compile(r"pins/(?:apt|pip|conda)-[a-z0-9-]+\.(?:txt|yml)"
+GENERATED = re.compile(r"pins/(?:apt|pip|conda)-[a-z0-9-]+\.(?:txt|yml|json|py)"
                        r"|envbuilder_smoke/(?:[a-z_][a-z0-9_]*\.py|__pycache__/[A-Za-z0-9_.-]+\.pyc)")
 # How envbuilder knows a file it is about to replace is its own: the header line of the recipes
 # (render/common.py header), the "schema" that opens manifest.json and envbuilder.lock, the text of

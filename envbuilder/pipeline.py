@@ -76,6 +76,17 @@ def _fill_wheelhouse(folder: Path, opts: BuildOptions) -> None:
         print(f"  {folder}/wheelhouse/: {len(added)} local wheel(s) from {opts.wheelhouse}", file=sys.stderr)
 
 
+def _fetch_conda(lock, folder: Path, opts: BuildOptions, steps: list[dict], paths: list[Path]) -> None:
+    """The locked conda packages into FOLDER/conda-pkgs/, each sha256 checked against the lock (the
+    build's conda step bind-mounts that folder and installs from it offline)."""
+    from .lock.conda import PKGS_DIR, fetch
+
+    with _step(steps, "conda packages", paths):
+        fetched = fetch(lock.conda_packages(), folder, opts.ca_bundle)
+    if fetched and not opts.quiet:
+        print(f"  {folder}/{PKGS_DIR}/: {len(fetched)} conda package(s) fetched, sha256 as locked", file=sys.stderr)
+
+
 def _with_host_trust(opts: BuildOptions) -> BuildOptions:
     """Without --ca-bundle: the CA bundle this machine's pip trusts (its PIP_CERT or pip.conf
     `cert`), handed to the build as --ca-bundle would be, saying so. Else the lock reaches the
@@ -203,6 +214,8 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
         result.update({"files": shown, "findings": [f.as_dict() for f in stack.findings]})
         if on_written is not None:
             on_written(folder, shown, stack.findings)
+        if stack.lock is not None and stack.lock.conda_packages():
+            _fetch_conda(stack.lock, folder, opts, steps, paths)
         if req.no_build:
             if opts.wheelhouse:
                 _fill_wheelhouse(folder, opts)

@@ -73,6 +73,15 @@ def stage_context(folder: Path, files: dict[str, bytes], wheelhouse: str | None)
     wh.mkdir(exist_ok=True)
     if wheelhouse:
         link_wheels(Path(wheelhouse), wh)
+    conda = folder / "conda-pkgs"          # the locked conda packages, fetched by the pipeline
+    if conda.is_dir() and not conda.is_symlink():
+        (root / "conda-pkgs").mkdir(exist_ok=True)
+        for pkg in sorted(conda.iterdir()):
+            if pkg.is_file() and not pkg.is_symlink() and pkg.name.endswith((".conda", ".tar.bz2")):
+                try:
+                    os.link(pkg, root / "conda-pkgs" / pkg.name)
+                except OSError:
+                    shutil.copy2(pkg, root / "conda-pkgs" / pkg.name)
     return root
 
 

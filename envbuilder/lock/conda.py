@@ -1,46 +1,66 @@
-"""Conda packages through conda-lock: its lockfile format (v1), every package with md5 and sha256.
+"""Conda packages: solved by py-rattler, recorded in conda-lock's lockfile format (v1), every
+package with its url, sha256 and md5; installed in the image by py-rattler, offline.
 
-``envbuilder lock`` writes an environment file from the spec (``packages.conda`` plus
-``micromamba``, the installer the image uses) and runs ``conda-lock lock -p linux-64`` on it
-(needs ``pip install 'envbuilder[conda]'`` and channel access; the channel is conda-forge, or
-``ENVBUILDER_CONDA_CHANNEL``, e.g. a local ``file://`` channel). A lockfile made elsewhere comes
-in with ``--conda-lockfile FILE``. Either way the lockfile is checked (every package hashed, the
-spec's packages at the asked versions) and kept whole in envbuilder.lock.
+``envbuilder lock`` solves the spec's ``packages.conda`` with ``rattler.solve`` for linux-64 (+
+noarch) against the channels the site names (``ENVBUILDER_CONDA_CHANNEL``: comma-separated; a
+mirror's ``https://`` URL or a local ``file:///path`` channel; default conda-forge), recorded in the
+lock's inputs. A lockfile made elsewhere comes in with
+``--conda-lockfile FILE``. Either way the lockfile is checked (every package hashed, the spec's
+packages at the asked versions) and kept whole in envbuilder.lock.
 
-In the image (devel stage) every package is downloaded by URL, checked with ``sha256sum -c``,
-and installed offline by the locked micromamba into /opt/conda; the runtime stage copies it.
+Before a build (``fetch``) every locked package is copied or downloaded into the output folder's
+``conda-pkgs/`` and its sha256 checked against the lock (a mismatch stops the build, naming the
+package). In the image (devel stage) ``pins/conda-install.py`` checks each file's sha256 again,
+indexes them as a local channel and installs exactly those records with ``rattler.install`` into
+/opt/conda (py-rattler itself comes from PyPI: the lock's pip group ``build``, hash-checked); its
+``conda-meta/`` records what was installed; the runtime stage copies /opt/conda.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
-import tempfile
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import yaml
 
 from ..errors import CheckFailed, EnvbuilderError
 from ..paths import CONDA_PREFIX
-from ..spec.model import CONDA_RANGE_RE, CONDA_RE
+from ..spec.model import CONDA_CHANNEL_RE, CONDA_RANGE_RE, CONDA_RE
 
 PLATFORM = "linux-64"
-INSTALLER = "micromamba"
 PREFIX = CONDA_PREFIX
-PKGS = "/tmp/conda/pkgs"
+PKGS_DIR = "conda-pkgs"                 # in the output folder and the build context; /conda-pkgs in the build
+RATTLER = "py-rattler==0.28.0"          # the installer, from PyPI (the lock's pip group `build`)
+DEFAULT_CHANNEL = "conda-forge"
+SCRIPT = Path(__file__).with_name("conda_install.py")
+SOLVER = Path(__file__).with_name("rattler_solve.py")
 
 
-def channels() -> list[str]:
-    return [os.environ.get("ENVBUILDER_CONDA_CHANNEL", "conda-forge")]
+def channels(spec_channels: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The channels to solve against: the site's ENVBUILDER_CONDA_CHANNEL (comma-separated: its
+    mirror), else the spec's packages.conda_channels, else conda-forge; each checked (bad input: one
+    message, exit 2)."""
+    env = [c.strip() for c in os.environ.get("ENVBUILDER_CONDA_CHANNEL", "").split(",") if c.strip()]
+    if env:
+        return [check_channel(c, "ENVBUILDER_CONDA_CHANNEL") for c in env]
+    return [check_channel(c, "packages.conda_channels") for c in spec_channels] or [DEFAULT_CHANNEL]
 
 
-def environment_yaml(packages: list[str], chans: list[str]) -> str:
-    deps = sorted(set(packages) | {INSTALLER}) if not any(
-        CONDA_RE.fullmatch(p) and CONDA_RE.fullmatch(p).group(1) == INSTALLER for p in packages) else sorted(packages)
-    return yaml.safe_dump({"channels": chans, "dependencies": deps, "platforms": [PLATFORM]}, sort_keys=True)
+def check_channel(channel: str, where: str) -> str:
+    if not CONDA_CHANNEL_RE.fullmatch(channel) or "@" in channel.split("//", 1)[-1].split("/", 1)[0]:
+        raise EnvbuilderError(where, f"{channel[:200]!r} is not a conda channel",
+                              "give a channel name (conda-forge), an https:// mirror URL or a local "
+                              "file:///path/to/channel (a folder holding noarch/repodata.json)")
+    return channel
 
 
 def _bad(where: str, reason: str, fix: str = "") -> EnvbuilderError:
@@ -67,14 +87,13 @@ def check_lockfile(data, spec_packages: list[str], source: str) -> dict:
         if not url.endswith((".conda", ".tar.bz2")) or f"-{p.get('version')}-" not in url.rsplit("/", 1)[-1]:
             raise _bad(where, f"url {url!r} is not a conda package of version {p.get('version')}")
         by_name[p["name"]] = p
-    for req in spec_packages + [INSTALLER]:
+    for req in spec_packages:
         m = CONDA_RE.fullmatch(req)
         r = CONDA_RANGE_RE.fullmatch(req)
         name, op, version = (m.group(1), m.group(2), m.group(3)) if m else (r.group(1) if r else req, "", "")
         got = by_name.get(name)
         if got is None:
-            what = "the installer envbuilder uses in the image" if name == INSTALLER else "asked by the spec"
-            raise _bad(f"conda: {name}", f"is {what} but not in {source}",
+            raise _bad(f"conda: {name}", f"is asked by the spec but not in {source}",
                        f"add {name} to the environment you lock")
         if op == "==" and got["version"] != version or op == "=" and not (
                 got["version"] == version or got["version"].startswith(version.rstrip("*").rstrip(".") + ".")):
@@ -96,76 +115,151 @@ def load_lockfile(path: str, spec_packages: list[str]) -> dict:
     return check_lockfile(data, spec_packages, path)
 
 
-def conda_lock_version() -> str | None:
-    exe = shutil.which("conda-lock")
-    cmd = [exe] if exe else [sys.executable, "-m", "conda_lock"]
+def rattler_version() -> str | None:
     try:
-        proc = subprocess.run(cmd + ["--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
+        from importlib.metadata import PackageNotFoundError, version
+        return version("py-rattler")
+    except PackageNotFoundError:
         return None
-    return proc.stdout.strip().split()[-1] if proc.returncode == 0 and proc.stdout.strip() else None
 
 
-def resolve(spec_packages: list[str]) -> tuple[dict, str]:
-    """Run conda-lock for linux-64; (checked lockfile, conda-lock version)."""
-    version = conda_lock_version()
+def resolve(spec_packages: list[str], chans: list[str]) -> tuple[dict, str]:
+    """Solve SPEC_PACKAGES for linux-64 with py-rattler (in a process of its own: rattler_solve.py);
+    (checked lockfile in conda-lock's v1 format, the py-rattler version)."""
+    version = rattler_version()
     if not version:
-        raise CheckFailed("lock: conda", "conda-lock is not installed",
-                          "pip install 'envbuilder[conda]' on a machine that reaches the conda channels, "
-                          "or bring a lockfile made elsewhere: --conda-lockfile conda-lock.yml")
-    exe = shutil.which("conda-lock")
-    cmd = [exe] if exe else [sys.executable, "-m", "conda_lock"]
-    with tempfile.TemporaryDirectory(prefix="envbuilder-conda-") as tmp:
-        env_file = Path(tmp) / "environment.yml"
-        env_file.write_text(environment_yaml(spec_packages, channels()))
-        out = Path(tmp) / "conda-lock.yml"
-        proc = subprocess.run(cmd + ["lock", "--file", str(env_file), "-p", PLATFORM, "--lockfile", str(out)],
-                              capture_output=True, text=True, cwd=tmp)
-        if proc.returncode != 0 or not out.is_file():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise CheckFailed("lock: conda", f"conda-lock failed: {tail[0][:300]}",
-                              "conda-lock needs conda, mamba or micromamba and the channels "
-                              f"({', '.join(channels())}); or use --conda-lockfile FILE")
-        data = yaml.safe_load(out.read_text())
-    return check_lockfile(data, spec_packages, "conda-lock's output"), version
+        raise CheckFailed("lock: conda", "py-rattler is not installed",
+                          "pip install 'envbuilder[conda]' (py-rattler, from PyPI), or bring a lockfile "
+                          "made elsewhere: --conda-lockfile conda-lock.yml")
+    for c in chans:
+        check_channel(c, "conda channel")
+    args = {"specs": [_match_spec(p) for p in spec_packages], "channels": chans, "platforms": [PLATFORM, "noarch"]}
+    fix = ("check the package names and versions, and that the channels are reachable "
+           "(a site mirror: ENVBUILDER_CONDA_CHANNEL=URL; docs/lock.md)")
+    try:
+        proc = subprocess.run([sys.executable, str(SOLVER), json.dumps(args)], capture_output=True, text=True,
+                              timeout=900)
+        result = json.loads(proc.stdout or "{}")
+    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+        raise CheckFailed("lock: conda", f"py-rattler's solve did not finish: {exc}", fix) from None
+    if not isinstance(result, dict) or not result.get("ok"):
+        error = str(result.get("error") if isinstance(result, dict) else "") or \
+            (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:300]
+        raise CheckFailed("lock: conda", f"py-rattler could not solve {', '.join(spec_packages)} "
+                          f"against {', '.join(chans)}: {error}", fix)
+    data = {"version": 1,
+            "metadata": {"channels": [{"url": c, "used_env_vars": []} for c in chans], "platforms": [PLATFORM],
+                         "sources": ["envbuilder spec: packages.conda"]},
+            "package": result["records"]}
+    return check_lockfile(data, spec_packages, "py-rattler's solution"), version
 
 
-# --- rendering ------------------------------------------------------------------------------
+def _match_spec(req: str) -> str:
+    """The spec's conda requirement as conda's match spec: name=1.2 and name==1.2 are conda's own,
+    a range name>=1.2,<2 becomes "name >=1.2,<2"."""
+    m = CONDA_RANGE_RE.fullmatch(req)
+    if m and not CONDA_RE.fullmatch(req):
+        rest = req[len(m.group(1)):].strip()
+        return f"{m.group(1)} {rest}" if rest else m.group(1)
+    return req
+
+
+# --- the package files: fetched into the output folder, sha256 checked ---------------------------
 
 def _file(p: dict) -> str:
     return p["url"].rsplit("/", 1)[-1]
 
 
+def _subdir(p: dict) -> str:
+    parts = p["url"].rstrip("/").rsplit("/", 2)
+    return parts[-2] if len(parts) == 3 and parts[-2] in (PLATFORM, "noarch") else "noarch"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _download(url: str, dest: Path, ca_bundle: str | None) -> None:
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme == "file":
+        shutil.copyfile(urllib.parse.unquote(parsed.path), dest)
+        return
+    if parsed.scheme not in ("http", "https"):
+        raise OSError(f"unsupported URL scheme {parsed.scheme!r}")
+    ctx = ssl.create_default_context(cafile=ca_bundle) if ca_bundle else ssl.create_default_context()
+    with urllib.request.urlopen(url, timeout=120, context=ctx) as resp, open(dest, "wb") as fh:  # noqa: S310 - http(s) only
+        shutil.copyfileobj(resp, fh)
+
+
+def fetch(packages: list[dict], folder: Path, ca_bundle: str | None = None) -> list[str]:
+    """Every locked package into FOLDER/conda-pkgs/ (a file already there with the locked sha256 is
+    kept; any other file is removed), each checked against the lock's sha256: a mismatch raises
+    CheckFailed naming the package, its url and the fix. Returns the files fetched now."""
+    dest = folder / PKGS_DIR
+    dest.mkdir(parents=True, exist_ok=True)
+    wanted = {_file(p): p for p in packages}
+    for old in dest.iterdir():
+        if old.name not in wanted or old.is_symlink() or not old.is_file():
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
+    fetched = []
+    for name, p in sorted(wanted.items()):
+        target = dest / name
+        want = p["hash"]["sha256"]
+        if target.is_file() and _sha256(target) == want:
+            continue
+        part = dest / f".{name}.part"
+        try:
+            _download(p["url"], part, ca_bundle)
+        except OSError as exc:
+            part.unlink(missing_ok=True)
+            raise CheckFailed(f"conda: {p['name']}", f"cannot fetch {p['url']}: {exc}",
+                              "make the channel reachable (a site mirror: ENVBUILDER_CONDA_CHANNEL=URL, then lock again), "
+                              "or put the file into " + str(dest)) from None
+        got = _sha256(part)
+        if got != want:
+            part.unlink(missing_ok=True)
+            raise CheckFailed(f"conda: {p['name']} {p['version']}",
+                              f"{p['url']} has sha256 {got}, the lock has {want}: the file is not the one locked",
+                              f"if the channel rebuilt it on purpose, re-lock it (envbuilder lock SPEC --update "
+                              f"{p['name']}); otherwise restore the channel's file, then build again")
+        os.replace(part, target)
+        fetched.append(name)
+    return fetched
+
+
+# --- rendering ------------------------------------------------------------------------------
+
 def pins_files(lockfile: dict) -> dict[str, bytes]:
-    """pins/ files: the lockfile itself, download list, sha256 list, explicit install list."""
+    """pins/ files: the lockfile itself, the sha256 list, the install list and its installer."""
     pkgs = lockfile["package"]
+    listing = [{"name": p["name"], "version": p["version"], "file": _file(p), "subdir": _subdir(p),
+                "sha256": p["hash"]["sha256"]} for p in pkgs]
     return {
         "pins/conda-lock.yml": yaml.safe_dump(lockfile, sort_keys=True).encode(),
-        "pins/conda-urls.txt": "".join(f"{p['url']}\n" for p in pkgs).encode(),
         "pins/conda-sha256.txt": "".join(f"{p['hash']['sha256']}  {_file(p)}\n" for p in pkgs).encode(),
-        "pins/conda-explicit.txt": ("# micromamba create --offline --file: the locked packages, local copies\n"
-                                    f"# platform: {PLATFORM}\n@EXPLICIT\n" + "".join(
-                                        f"file://{PKGS}/{_file(p)}" + (f"#{p['hash']['md5']}" if p["hash"].get("md5")
-                                                                        else "") + "\n" for p in pkgs)).encode(),
+        "pins/conda-packages.json": (json.dumps(listing, indent=1, sort_keys=True) + "\n").encode(),
+        "pins/conda-install.py": SCRIPT.read_bytes(),
     }
 
 
-def install_commands(lockfile: dict) -> list[str]:
-    installer = next(p for p in lockfile["package"] if p["name"] == INSTALLER)
-    fname = _file(installer)
-    if fname.endswith(".tar.bz2"):
-        unpack = f"tar -xjf {PKGS}/{fname} -C /tmp/conda bin/micromamba"
-    else:   # .conda: a zip holding pkg-*.tar.zst
-        unpack = (f"unzip -q -o {PKGS}/{fname} 'pkg-*.tar.zst' -d /tmp/conda/x && "
-                  "zstd -dc /tmp/conda/x/pkg-*.tar.zst | tar -x -C /tmp/conda bin/micromamba")
+WORK = "/tmp/conda"
+MOUNTS = ["pins/conda-packages.json", "pins/conda-install.py", PKGS_DIR]
+
+
+def install_commands(python: str, pip_install: list[str]) -> list[str]:
+    """The devel stage's conda step: py-rattler from PyPI into a folder of its own (PIP_INSTALL: the
+    locked pip command), then conda-install.py: every file's sha256 checked against the lock, the
+    locked packages installed offline."""
     return [
-        f"mkdir -p {PKGS}",
-        f"cd {PKGS}",
-        "xargs -a /pins/conda-urls.txt -n 1 curl -fsSLO --retry 3",
-        "sha256sum -c --quiet /pins/conda-sha256.txt",
-        unpack,
-        f"/tmp/conda/bin/micromamba create --yes --offline --root-prefix /tmp/conda/root --prefix {PREFIX} "
-        "--file /pins/conda-explicit.txt",
-        "cd /",
-        "rm -rf /tmp/conda",
+        *pip_install,
+        f"PYTHONPATH={WORK}/rattler {python} -B /pins/conda-install.py /pins/conda-packages.json /{PKGS_DIR} "
+        f"{PREFIX} {WORK}",
+        f"rm -rf {WORK}",
     ]

@@ -323,3 +323,8 @@ def check_entries(lock: Lock) -> None:
         url = str(pkg.get("url", ""))
         if f"-{pkg.get('version')}-" not in url.rsplit("/", 1)[-1]:
             raise _err(p, where, f"version {pkg.get('version')} does not match its url {url}")
+        fname = url.rsplit("/", 1)[-1]
+        if not FILE_RE.fullmatch(fname) or not fname.endswith((".conda", ".tar.bz2")) \
+                or not url.startswith(("https://", "http://", "file:///")):
+            raise _err(p, where, f"url {url[:200]} is not a conda package file (NAME-VERSION-BUILD.conda or .tar.bz2 "
+                       "at an http(s):// or file:/// channel)")

@@ -200,20 +200,24 @@ def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, upd
                                     find_links=wheelhouse, ca_bundle=ca_bundle)
         lock.resolvers["pip"] = pip_.pip_version()
 
-    # conda packages (conda-lock)
+    # conda packages (py-rattler's solve, recorded in conda-lock's format)
     if want["conda"] is None:
         lock.conda = None
     elif conda_lockfile:
         lock.conda = {"lockfile": conda_.load_lockfile(conda_lockfile, list(want["conda"]["packages"])),
                       "from": os.path.basename(conda_lockfile)}
-        lock.resolvers["conda-lock"] = "lockfile " + os.path.basename(conda_lockfile)
+        lock.resolvers["conda"] = "lockfile " + os.path.basename(conda_lockfile)
     elif keep("conda"):
         lock.conda = previous.conda
     else:
-        say("conda: conda-lock")
-        lockfile, version = conda_.resolve(list(want["conda"]["packages"]))
-        lock.conda = {"lockfile": lockfile, "from": "conda-lock"}
-        lock.resolvers["conda-lock"] = version
+        chans = list(want["conda"].get("channels") or conda_.channels())
+        say(f"conda: py-rattler against {', '.join(chans)}")
+        lockfile, version = conda_.resolve(list(want["conda"]["packages"]), chans)
+        lock.conda = {"lockfile": lockfile, "from": "py-rattler"}
+        lock.resolvers["conda"] = f"py-rattler {version}"
+    lock.resolvers.pop("conda-lock", None)          # the resolver before py-rattler
+    if lock.conda is None:
+        lock.resolvers.pop("conda", None)
 
     lock.resolved_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return lock

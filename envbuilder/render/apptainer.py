@@ -60,7 +60,13 @@ def _post(steps: list[Step], drop_wheelhouse: bool) -> list[str]:
                      "# local wheels were only needed to install")
     if any(step.mounts for step in steps):
         lines.append("    rm -rf /pins   # the lock's pin lists were only needed to install")
+    for folder in sorted({m for step in steps for m in step.mounts if not m.startswith("pins/")}):
+        lines.append(f"    rm -rf /{folder}   # only needed to install")
     return lines
+
+
+def _folder_mounts(stage) -> list[str]:
+    return sorted({m for i in stage.items if isinstance(i, Step) for m in i.mounts if not m.startswith("pins/")})
 
 
 def _setup(copies_wheelhouse: bool) -> list[str]:
@@ -134,6 +140,8 @@ def render_apptainer(plan: Plan, spec_sha: str) -> str:
             copies = [Copy("wheelhouse", WHEELHOUSE)] + copies
         if any(i.mounts for i in stage.items if isinstance(i, Step)):
             copies = [Copy("pins", "/pins")] + copies
+        # a folder a step bind-mounts in the Dockerfile (conda-pkgs/: the locked conda packages)
+        copies = [Copy(m, f"/{m}") for m in _folder_mounts(stage)] + copies
         out += _setup(any(c.dest == WHEELHOUSE for c in copies))
         out += _files(copies)
         out += _post([i for i in stage.items if isinstance(i, Step)], drop_wheelhouse=not multi)

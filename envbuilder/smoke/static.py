@@ -5,6 +5,7 @@ Standard library + the framework + horovod only.
 
 import ctypes
 import importlib
+import json
 import locale
 import os
 import platform
@@ -570,6 +571,52 @@ def check_os_packages(expect, installed=None):
     return result("versions.apt", PASS, "%d OS packages as locked" % len(pins), figure="%d pinned" % len(pins))
 
 
+def installed_conda_packages(prefix):
+    """name -> version from PREFIX/conda-meta/*.json (one record per installed package, written by
+    the installer); None when the folder is missing."""
+    meta = os.path.join(prefix, "conda-meta")
+    if not os.path.isdir(meta):
+        return None
+    have = {}
+    for entry in sorted(os.listdir(meta)):
+        if not entry.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(meta, entry), encoding="utf-8") as fh:
+                rec = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("name"), str):
+            have[rec["name"]] = str(rec.get("version"))
+    return have
+
+
+def check_conda_packages(expect, prefix=None):
+    """The conda packages the lock pinned are installed at those versions (the prefix's conda-meta)."""
+    pins = expect.get("conda") or {}
+    if not pins:
+        return result("versions.conda", SKIP, "manifest pins no conda packages (no lock)")
+    prefix = prefix or os.environ.get("CONDA_PREFIX") or "/opt/conda"
+    have = installed_conda_packages(prefix)
+    if have is None:
+        return result("versions.conda", FAIL, "no %s/conda-meta: the conda packages are not installed" % prefix,
+                      figure="0 installed")
+    bad = []
+    for name, want in sorted(pins.items()):
+        got = have.get(name)
+        if got is None:
+            bad.append("%s missing (lock %s)" % (name, want))
+        elif got != want:
+            bad.append("%s %s installed, lock has %s" % (name, got, want))
+    extra = sorted(set(have) - set(pins))
+    if extra:
+        bad.append("not in the lock: %s" % ", ".join(extra[:10]))
+    if bad:
+        return result("versions.conda", FAIL, "; ".join(bad[:20]), figure="%d drifted" % len(bad))
+    return result("versions.conda", PASS, "%d conda packages as locked in %s/conda-meta" % (len(pins), prefix),
+                  figure="%d pinned" % len(pins))
+
+
 def check_locale():
     lang = os.environ.get("LC_ALL") or os.environ.get("LC_CTYPE") or os.environ.get("LANG")
     enc = locale.getpreferredencoding(False)
@@ -645,6 +692,8 @@ def run_static(expect, no_gpu=False):
     timed(check_gpu_visible, expect, fw_mod, no_gpu)
     timed(check_packages, expect)
     timed(check_os_packages, expect)
+    if "conda" in expect:
+        timed(check_conda_packages, expect)
     timed(check_locale)
     timed(check_user_site)
     return out

@@ -16,7 +16,10 @@ from .yamlsource import SourceDoc, read_spec_file
 PIP_PIN_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9,._-]+\])?==([A-Za-z0-9.+!_-]+)")
 APT_RE = re.compile(r"([a-z0-9][a-z0-9+.-]+)(=[A-Za-z0-9.+:~_-]+)?")
 CONDA_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(=|==)([A-Za-z0-9.+_*-]+)")
-# a conda match spec with a range (conda-lock resolves it): name>=1.2,<2 or name (any version)
+# a conda channel: a name (conda-forge), an http(s):// mirror or a local file:/// channel folder
+CONDA_CHANNEL_RE = re.compile(r"(?:https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?|file://)(?:/[A-Za-z0-9._~%/+=,:-]*)?"
+                              r"|[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# a conda match spec with a range (the lock solves it): name>=1.2,<2 or name (any version)
 CONDA_RANGE_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)((?:[<>!]=?|==|~=)[A-Za-z0-9.+_*-]+"
                             r"(?:,(?:[<>!]=?|==|~=)[A-Za-z0-9.+_*-]+)*)?")
 # a VCS requirement's pinned commit: the full 40 (SHA-1) or 64 (SHA-256) hex digits after the last @
@@ -123,6 +126,7 @@ class Packages:
     pip: tuple[str, ...] = ()
     apt: tuple[str, ...] = ()
     conda: tuple[str, ...] = ()
+    conda_channels: tuple[str, ...] = ()
 
     def pip_pin(self, name: str) -> tuple[str, str] | None:
         """(the requirement, its version) of pip package NAME (PEP 503 names compared), None
@@ -241,7 +245,9 @@ class Spec:
             "mpi": _drop_none(vars(self.mpi)) if self.mpi else None,
             "horovod": {"version": self.horovod.version, "operations": list(self.horovod.operations)}
             if self.horovod else None,
-            "packages": {k: list(getattr(self.packages, k)) for k in ("pip", "apt", "conda")},
+            "packages": {**{k: list(getattr(self.packages, k)) for k in ("pip", "apt", "conda")},
+                         **({"conda_channels": list(self.packages.conda_channels)}
+                            if self.packages.conda_channels else {})},
             **self._later_keys(),
             "base": self.base,
             "runtime_base": self.runtime_base,
@@ -303,6 +309,12 @@ def _check_packages(data: dict, doc: SourceDoc) -> list[EnvbuilderError]:
                 f"packages.conda[{n}]", f"{shown(entry)} is not a conda package with a version or a range",
                 "write it as name=version (e.g. numpy=1.26.4) or name>=1.26,<2 (the lock pins it)",
                 line=doc.line_of(f"packages.conda[{n}]"), source=doc.path))
+    for n, entry in enumerate(pk.get("conda_channels") or []):
+        if entry is not None and not CONDA_CHANNEL_RE.fullmatch(entry):
+            errors.append(EnvbuilderError(
+                f"packages.conda_channels[{n}]", f"{shown(entry)} is not a conda channel",
+                "write a channel name (conda-forge), an https:// mirror URL or a local file:///path channel",
+                line=doc.line_of(f"packages.conda_channels[{n}]"), source=doc.path))
     hv = data.get("horovod") or {}
     ops = hv.get("operations") or []
     if hv and not ops:
@@ -336,7 +348,8 @@ def spec_from_doc(doc: SourceDoc) -> Spec:
         horovod=Horovod(hv["version"], tuple(hv.get("operations") or ("mpi", "gloo"))) if hv else None,
         distributed=_distributed(dist, bool(hv)),
         arch=data.get("arch"),
-        packages=Packages(tuple(pk.get("pip") or ()), tuple(pk.get("apt") or ()), tuple(pk.get("conda") or ())),
+        packages=Packages(tuple(pk.get("pip") or ()), tuple(pk.get("apt") or ()), tuple(pk.get("conda") or ()),
+                          tuple(pk.get("conda_channels") or ())),
         base=data.get("base"),
         runtime_base=data.get("runtime_base"),
         base_os=data.get("base_os"),

@@ -170,9 +170,13 @@ SPEC_FIELDS: dict[str, Field] = {
                        "platform; no local paths, editable installs or VCS URLs without a pinned commit "
                        "(docs/import.md).", default=[]),
         "apt": strlist("OS packages (name or name=version).", default=[]),
-        "conda": strlist("conda packages, name=version or a range (name>=1.2,<2), resolved by conda-lock.",
+        "conda": strlist("conda packages, name=version or a range (name>=1.2,<2), solved by `envbuilder lock` (py-rattler) against the site's channels.",
                          default=[],
                          example=["libjpeg-turbo=3.0.0"]),
+        "conda_channels": strlist("channels packages.conda is solved against, in order: a name (conda-forge), "
+                                  "an https:// mirror or a local file:///path channel; default conda-forge. A site's "
+                                  "ENVBUILDER_CONDA_CHANNEL replaces them (its mirror of them; docs/lock.md).",
+                                  default=[], example=["conda-forge"]),
     }),
     "base": s("Base image (tag or digest); default chosen from CUDA and Python.",
               pattern=IMAGE_REF_RE, pattern_hint="an image reference: registry/name:tag or name@sha256:DIGEST"),

@@ -23,7 +23,11 @@ def lock_needs(stack: Stack) -> LockNeeds:
     """Every component's lock needs, in one pass: the OS packages per stage as system.py installs
     them, the pip groups in the lock's group order, the tarballs, conda's input."""
     parts = [part.lock_needs(stack) for part in COMPONENTS]
-    groups = {group: reqs for need in parts for group, reqs in need.pip_groups.items()}
+    groups: dict[str, list[str]] = {}
+    for need in parts:            # two components may add to one group (build: mpi4py's Cython, py-rattler)
+        for group, reqs in need.pip_groups.items():
+            have = groups.setdefault(group, [])
+            have.extend(r for r in reqs if r not in have)
     return LockNeeds(apt=system.stage_packages(stack, (need.apt for need in parts)),
                      pip_groups={group: groups[group] for group in PIP_GROUPS if group in groups},
                      tarballs=[tar for need in parts for tar in need.tarballs],

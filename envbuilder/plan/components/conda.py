@@ -1,7 +1,9 @@
-"""Conda packages from the spec, installed from the lock's conda-lock lockfile into /opt/conda:
-every package downloaded by URL and checked with sha256sum, then installed offline by the
-micromamba the lockfile holds. Without a lock there is nothing pinned to install: the step
-says so and stops the build."""
+"""Conda packages from the spec, installed from the lock into /opt/conda by py-rattler (from
+PyPI: the lock's pip group ``build``, hash-checked, in a folder of its own that the step removes):
+every package file fetched into the output folder's conda-pkgs/ before the build (sha256 checked
+against the lock), bind-mounted into the step, checked again and installed offline
+(lock/conda_install.py). Without a lock there is nothing pinned to install: the step says so and
+stops the build."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ from ...paths import CONDA_PREFIX
 from ..image import Copy, Step
 from ...stack import Stack
 from .base import Component, Layer, LockNeeds
+from .python import locked_pip, pip, pip_env, python_exe
 
 PREFIX = CONDA_PREFIX
+GROUP = "build"                     # the lock's pip group py-rattler is in (devel stage only)
 
 
 def wanted(stack: Stack) -> bool:
@@ -25,15 +29,19 @@ def devel_steps(stack: Stack) -> list[Step]:
     lock = stack.lock
     if not lock or not lock.conda:
         return [Step("conda", f"conda packages ({asked}): need envbuilder.lock", [
-            "echo 'conda packages are installed from envbuilder.lock (conda-lock): "
+            "echo 'conda packages are installed from envbuilder.lock: "
             "run `envbuilder lock SPEC` and build again' >&2",
             "exit 1",
         ])]
+    target = f"{pip(stack)} --target {conda_.WORK}/rattler"
+    locked, mounts = locked_pip(stack, GROUP, target)
     n = len(lock.conda_packages())
-    return [Step("conda", f"conda packages ({asked}) into {PREFIX}", conda_.install_commands(lock.conda["lockfile"]),
-                 network=True, notes=[f"{n} packages from the conda-lock lockfile in envbuilder.lock "
-                                      "(pins/conda-lock.yml), sha256 checked"],
-                 mounts=["pins/conda-urls.txt", "pins/conda-sha256.txt", "pins/conda-explicit.txt"])]
+    return [Step("conda", f"conda packages ({asked}) into {PREFIX}",
+                 conda_.install_commands(python_exe(stack), locked or [f"{target} {conda_.RATTLER}"]),
+                 network=True, build_env=pip_env(stack),
+                 notes=[f"{n} packages locked in envbuilder.lock (pins/conda-lock.yml), fetched into "
+                        f"{conda_.PKGS_DIR}/ by envbuilder build, sha256 checked, installed offline by py-rattler"],
+                 mounts=mounts + conda_.MOUNTS)]
 
 
 class Conda(Component):
@@ -50,8 +58,8 @@ class Conda(Component):
     def lock_needs(self, stack: Stack) -> LockNeeds:
         if not wanted(stack):
             return LockNeeds()
-        return LockNeeds(apt={"devel": ["bzip2", "curl", "unzip", "zstd"]},
-                         conda={"packages": sorted(stack.spec.packages.conda), "channels": conda_.channels(),
+        return LockNeeds(pip_groups={GROUP: [conda_.RATTLER]},
+                         conda={"packages": sorted(stack.spec.packages.conda), "channels": conda_.channels(stack.spec.packages.conda_channels),
                                 "platform": conda_.PLATFORM})
 
     def expect(self, stack: Stack) -> dict:

@@ -559,6 +559,14 @@ def check_os_packages(expect, installed=None):
     have = installed if installed is not None else installed_os_packages()
     if have is None:
         return result("versions.apt", SKIP, "no dpkg-query in this image")
+    bad = drifted(pins, have)
+    if bad:
+        return result("versions.apt", FAIL, "; ".join(bad[:20]), figure="%d drifted" % len(bad))
+    return result("versions.apt", PASS, "%d OS packages as locked" % len(pins), figure="%d pinned" % len(pins))
+
+
+def drifted(pins, have):
+    """What differs between the lock's pins and what is installed (name -> version each)."""
     bad = []
     for name, want in sorted(pins.items()):
         got = have.get(name)
@@ -566,9 +574,7 @@ def check_os_packages(expect, installed=None):
             bad.append("%s missing (lock %s)" % (name, want))
         elif got != want:
             bad.append("%s %s installed, lock has %s" % (name, got, want))
-    if bad:
-        return result("versions.apt", FAIL, "; ".join(bad[:20]), figure="%d drifted" % len(bad))
-    return result("versions.apt", PASS, "%d OS packages as locked" % len(pins), figure="%d pinned" % len(pins))
+    return bad
 
 
 def installed_conda_packages(prefix):
@@ -601,13 +607,7 @@ def check_conda_packages(expect, prefix=None):
     if have is None:
         return result("versions.conda", FAIL, "no %s/conda-meta: the conda packages are not installed" % prefix,
                       figure="0 installed")
-    bad = []
-    for name, want in sorted(pins.items()):
-        got = have.get(name)
-        if got is None:
-            bad.append("%s missing (lock %s)" % (name, want))
-        elif got != want:
-            bad.append("%s %s installed, lock has %s" % (name, got, want))
+    bad = drifted(pins, have)
     extra = sorted(set(have) - set(pins))
     if extra:
         bad.append("not in the lock: %s" % ", ".join(extra[:10]))

@@ -363,18 +363,10 @@ def ompi_sif(ac_shared):
 def impi_on_ac_nodes(tmp_path):
     """Intel MPI (impi-rt, tests/test_mpi_pypi.py impi_folder) as the site's MPI in /local/<name>/lib
     of both nodes of this cluster (node-local, as a site's /opt/intel is): its path on the nodes."""
-    from test_mpi_pypi import impi_folder
+    from test_mpi_pypi import impi_on_cluster_nodes
 
-    lib = impi_folder(tmp_path)
-    name = f"impi-{uuid.uuid4().hex[:6]}"
-    made = [ROOT / "local" / node / name for node in ("ac-n1", "ac-n2")]
-    try:
-        for d in made:
-            shutil.copytree(lib, d / "lib")
-        yield f"/local/{name}/lib"
-    finally:
-        for d in made:
-            shutil.rmtree(d, ignore_errors=True)
+    with impi_on_cluster_nodes(tmp_path, root=ROOT, nodes=("ac-n1", "ac-n2")) as path:
+        yield path
 
 
 MPI_RECORD = """\

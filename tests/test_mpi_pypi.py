@@ -294,7 +294,8 @@ def impi_folder(tmp: Path, library: str = "libmpi.so.12") -> Path:
 
 
 @contextmanager
-def impi_on_cluster_nodes(tmp: Path, library: str = "libmpi.so.12", tag: str = "impi") -> Iterator[str]:
+def impi_on_cluster_nodes(tmp: Path, library: str = "libmpi.so.12", tag: str = "impi", root: Path | None = None,
+                          nodes: tuple[str, ...] = ("mc-n1", "mc-n2")) -> Iterator[str]:
     """Intel MPI's LIBRARY (impi_folder) in /local/<name>/lib of both nodes of the 2-node test
     cluster (node-local, as a site's /opt/intel is): yields that path as the nodes see it, and
     removes the copies after."""
@@ -303,7 +304,7 @@ def impi_on_cluster_nodes(tmp: Path, library: str = "libmpi.so.12", tag: str = "
     from infra import MINICLUSTER_ROOT
     lib = impi_folder(tmp, library)
     name = f"{tag}-{uuid.uuid4().hex[:6]}"
-    made = [Path(MINICLUSTER_ROOT) / "local" / node / name for node in ("mc-n1", "mc-n2")]
+    made = [(root or Path(MINICLUSTER_ROOT)) / "local" / node / name for node in nodes]
     try:
         for d in made:
             shutil.copytree(lib, d / "lib")

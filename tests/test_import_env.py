@@ -96,6 +96,9 @@ def test_the_workshop_environment_with_one_framework_maps_conda_parts_to_the_spe
     assert "torchvision==0.13.0" in spec["packages"]["pip"]          # conda's, installed by pip
     assert "numpy=1.23.4" in spec["packages"]["conda"]
     assert not any(c.startswith("_") for c in spec["packages"]["conda"])
+    # its channels, in order, less Anaconda's `defaults` (a site names its mirror of that)
+    assert spec["packages"]["conda_channels"] == ["pytorch"]
+    assert "channel defaults not kept" in out.read_text()
 
 
 # --- mapping to the spec's own keys --------------------------------------------------------------

@@ -90,9 +90,19 @@ def read_environment_yml(path: Path, shown: str) -> Found:
     if isinstance(data.get("name"), str):
         found.name = data["name"]
     chans = data.get("channels") or []
-    if chans:
-        found.notes.append(f"{shown}:{doc.line_of('channels')}: channels {', '.join(map(str, chans))[:200]} "
-                           "not kept (the lock's conda channel: ENVBUILDER_CONDA_CHANNEL, docs/lock.md)")
+    if not isinstance(chans, list) or not all(isinstance(c, str) for c in chans):
+        raise refuse(shown, doc.line_of("channels"), "`channels:` must be a list of channel names or URLs",
+                     "write one channel per item: - conda-forge")
+    # Anaconda's `defaults` has no single URL (and terms of its own): left to the site's mirror
+    kept = [c for c in chans if c not in ("defaults", "nodefaults")]
+    found.conda_channels = kept
+    if kept:
+        found.notes.append(f"{shown}:{doc.line_of('channels')}: channels {', '.join(kept)[:200]} kept as "
+                           "packages.conda_channels (a site's mirror replaces them: ENVBUILDER_CONDA_CHANNEL, "
+                           "docs/lock.md)")
+    if len(kept) < len(chans):
+        found.notes.append(f"{shown}:{doc.line_of('channels')}: channel defaults not kept (Anaconda's; a site "
+                           "names its mirror with ENVBUILDER_CONDA_CHANNEL)")
     if data.get("variables"):
         found.notes.append(f"{shown}:{doc.line_of('variables')}: variables not kept (set them in `env:`)")
     for n, entry in enumerate(data["dependencies"]):

@@ -266,6 +266,8 @@ class Mapper:
                 data["packages"]["pip"] = pip
             if conda:
                 data["packages"]["conda"] = conda
+                if self.found.conda_channels:
+                    data["packages"]["conda_channels"] = list(self.found.conda_channels)
         return data
 
     def python_for_cuda_base(self, cuda: str, fw_name: str, fw_version: str, python: str) -> str:
@@ -426,6 +428,9 @@ def to_yaml(data: dict, mapper: Mapper, source: str) -> str:
             for text, dep, note in data["packages"][kind]:
                 comment = dep.where + (f": {note}" if note else "")
                 out.append(f"    - {q(text)}  # {_comment(comment)}")
+        if data["packages"].get("conda_channels"):
+            out.append(f"  conda_channels:  # {_comment(mapper.found.source + ': channels')}")
+            out += [f"    - {q(c)}" for c in data["packages"]["conda_channels"]]
     return "\n".join(out) + "\n"
 
 

@@ -49,6 +49,7 @@ class Found:
     python: tuple[str, str, int | None] | None = None     # (version or specifier, source, line)
     notes: list[str] = field(default_factory=list)        # what was read but not kept
     index_urls: list[tuple[str, str, int | None]] = field(default_factory=list)
+    conda_channels: list[str] = field(default_factory=list)   # environment.yml's channels, in order
 
     def add(self, dep: Dep) -> None:
         if len(self.deps) >= MAX_DEPS:

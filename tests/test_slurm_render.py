@@ -459,7 +459,7 @@ def test_apptainer_hands_the_jobs_variables_and_the_site_mpi_over_as_apptaineren
     assert "image_vars=(ODD OMPI_MCA_btl_vader_single_copy_mechanism FI_PROVIDER)" in text
     assert 'APPTAINERENV_LD_LIBRARY_PATH="$(image_escape "$ENVBUILDER_SITE_MPI_PATH"):\\$LD_LIBRARY_PATH"' in text
     start = text.index("image_escape() {")
-    block = text[start:text.index("export APPTAINERENV_LD_LIBRARY_PATH", start)] + "export APPTAINERENV_LD_LIBRARY_PATH\n"
+    block = text[start:text.index("\nimage_library_path\n", start)] + "\nimage_library_path\n"
     env_lines = "\n".join(line for line in text.splitlines() if line.startswith("export ")
                           and ("ODD" in line or "OMPI_MCA_btl_vader" in line or "FI_PROVIDER" in line))
     script = (f"{env_lines}\nENVBUILDER_SITE_MPI_PATH='/opt/site/impi/lib'\n{block}"
@@ -499,3 +499,41 @@ def test_apptainer_stages_the_sif_to_each_node_when_asked(tmp_path):
     assert text.index("# The image staged") < text.index("launch=(apptainer exec")
     for runtime in ("charliecloud", "pyxis", "host"):
         assert "STAGE_IMAGE" not in render(tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", runtime)
+
+
+@pytest.mark.parametrize("site_mpi", [False, True])
+def test_an_apptainerenv_library_path_set_before_the_job_is_kept_and_said(tmp_path, write_spec, site_mpi):
+    """A site module's APPTAINERENV_LD_LIBRARY_PATH replaces the image's library path in every rank
+    unless it names $LD_LIBRARY_PATH: job.sbatch says so (and keeps it after the site's MPI, which
+    goes first). The job's function, run by bash with the variable set as a module would."""
+    extra = "  site_mpi: [/opt/site/mpi/lib]\n  site_mpi_abi: mpich\n" if site_mpi else ""
+    spec = write_spec("name: libpath\nframework: {name: pytorch, version: \"2.0.1\"}\npython: \"3.10\"\n"
+                      "mpi: {flavor: mpich, version: \"4.1.2\", pmi: pmi2}\n"
+                      f"cluster:\n  runtime: apptainer\n{extra}")
+    job = render(tmp_path, spec)
+    lines = job.splitlines()
+    start = lines.index("image_library_path() {")
+    body = lines[start:lines.index("}", start) + 1]
+    fns = [ln for ln in lines if ln.startswith(("note() ", "die() "))]
+    esc = (lines[lines.index("image_escape() {"):lines.index("}", lines.index("image_escape() {")) + 1]
+           if site_mpi else [])
+
+    def run(value: str | None) -> subprocess.CompletedProcess:
+        env = {"PATH": "/usr/bin:/bin", "ENVBUILDER_SITE_MPI_PATH": "/opt/site/mpi/lib"}
+        if value is not None:
+            env["APPTAINERENV_LD_LIBRARY_PATH"] = value
+        script = "\n".join([*fns, *esc, *body, "image_library_path", 'echo "out=${APPTAINERENV_LD_LIBRARY_PATH:-}"'])
+        return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+
+    plain = run(None)
+    assert plain.returncode == 0 and plain.stderr == ""
+    replaces = run("/opt/module/lib")
+    assert ("APPTAINERENV_LD_LIBRARY_PATH is set (/opt/module/lib): it replaces the image's own library path "
+            "in every rank; to keep the image's, end it with :\\$LD_LIBRARY_PATH") in replaces.stderr
+    keeps = run("/opt/module/lib:$LD_LIBRARY_PATH")
+    assert "kept for the ranks" in keeps.stderr and "replaces" not in keeps.stderr
+    if site_mpi:
+        assert plain.stdout.strip() == "out=/opt/site/mpi/lib:$LD_LIBRARY_PATH"
+        assert replaces.stdout.strip() == "out=/opt/site/mpi/lib:/opt/module/lib"
+    else:
+        assert plain.stdout.strip() == "out=" and replaces.stdout.strip() == "out=/opt/module/lib"

@@ -301,31 +301,48 @@ def _over_the_image(plan: JobPlan) -> list[str]:
     prefix = plan.runtime.env_prefix
     names = dict.fromkeys([k for k, _ in plan.env] + [k for k, _ in plan.network.fabric_env]
                           + [k for k, _ in (plan.site_mpi.env if plan.site_mpi else ())])
-    if not prefix or not (names or plan.site_mpi):
+    if not prefix:
         return []
-    out = ["",
-           f"# {plan.runtime.name} keeps the image's value of a variable its image sets (ENV, %environment):",
-           "# only unset ones pass from here, so an exported choice the image also makes was dropped",
-           "# without a word (run here: OMPI_MCA_btl_vader_single_copy_mechanism=cma stayed the image's",
-           f"# none). {prefix}NAME wins over the image; {plan.runtime.name} evaluates its value once more",
-           "# inside the container, so \\, $ and ` are escaped",
-           "image_escape() {",
-           "    local v=$1",
-           r"    v=${v//\\/\\\\}",
-           r"    v=${v//\$/\\\$}",
-           r"    v=${v//\`/\\\`}",
-           "    printf '%s' \"$v\"",
-           "}"]
+    out = [""]
+    if names or plan.site_mpi:
+        out += [f"# {plan.runtime.name} keeps the image's value of a variable its image sets (ENV, %environment):",
+                "# only unset ones pass from here, so an exported choice the image also makes was dropped",
+                "# without a word (run here: OMPI_MCA_btl_vader_single_copy_mechanism=cma stayed the image's",
+                f"# none). {prefix}NAME wins over the image; {plan.runtime.name} evaluates its value once more",
+                "# inside the container, so \\, $ and ` are escaped",
+                "image_escape() {",
+                "    local v=$1",
+                r"    v=${v//\\/\\\\}",
+                r"    v=${v//\$/\\\$}",
+                r"    v=${v//\`/\\\`}",
+                "    printf '%s' \"$v\"",
+                "}"]
     if names:
         out += [f"image_vars=({' '.join(names)})",
                 'for v in "${image_vars[@]}"; do',
                 f'    if [ -n "${{!v+set}}" ]; then export "{prefix}$v=$(image_escape "${{!v}}")"; fi',
                 "done"]
-    if plan.site_mpi:
-        out += ["# The site's MPI first on every rank's library path, by the runtime's own mechanism (binds",
-                "# above + this variable): \\$LD_LIBRARY_PATH is the image's own, expanded inside the container",
-                f'{prefix}LD_LIBRARY_PATH="$(image_escape "$ENVBUILDER_SITE_MPI_PATH"):\\$LD_LIBRARY_PATH"',
-                f"export {prefix}LD_LIBRARY_PATH"]
+    site = plan.site_mpi is not None
+    out += [f"# The library path the ranks get: {prefix}LD_LIBRARY_PATH set before the job (by a site module)",
+            "# replaces the image's own unless it names \\$LD_LIBRARY_PATH; it is kept and said"
+            + (", after the site's MPI, which goes first by the runtime's own mechanism (binds above +" if site
+               else ""),
+            *(["# this variable; \\$LD_LIBRARY_PATH is the image's own, expanded inside the container)"] if site else []),
+            "image_library_path() {",
+            f'    local set="${{{prefix}LD_LIBRARY_PATH:-}}"',
+            '    if [ -n "$set" ]; then',
+            '        case $set in',
+            '            *"\\$LD_LIBRARY_PATH"*|*"\\${LD_LIBRARY_PATH"*) '
+            f'note "{prefix}LD_LIBRARY_PATH is set ($set): kept for the ranks" ;;',
+            f'            *) note "{prefix}LD_LIBRARY_PATH is set ($set): it replaces the image\'s own library '
+            f'path in every rank; to keep the image\'s, end it with :\\\\\\$LD_LIBRARY_PATH" ;;',
+            "        esac",
+            "    fi",
+            *([f'    if [ -n "$set" ]; then {prefix}LD_LIBRARY_PATH="$(image_escape "$ENVBUILDER_SITE_MPI_PATH"):$set"',
+               f'    else {prefix}LD_LIBRARY_PATH="$(image_escape "$ENVBUILDER_SITE_MPI_PATH"):\\$LD_LIBRARY_PATH"; fi',
+               f"    export {prefix}LD_LIBRARY_PATH"] if site else []),
+            "}",
+            "image_library_path"]
     return out
 
 

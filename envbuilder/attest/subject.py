@@ -4,7 +4,6 @@ sha256 of its config, which a registry's manifest digest covers, so a pulled cop
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -12,24 +11,17 @@ import subprocess
 from pathlib import Path
 
 from ..errors import EnvbuilderError
+from ..lock.pip import file_sha256 as lock_file_sha256
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
-CHUNK = 1 << 20
 
 
 def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
     try:
-        with open(path, "rb") as fh:
-            while True:
-                block = fh.read(CHUNK)
-                if not block:
-                    break
-                h.update(block)
+        return lock_file_sha256(Path(path))
     except OSError as exc:
         raise EnvbuilderError("--image", f"cannot read {path}: {exc.strerror or exc}",
                               "give the .sif file the job runs") from None
-    return h.hexdigest()
 
 
 def is_file_image(image: str) -> bool:

@@ -18,7 +18,6 @@ indexes them as a local channel and installs exactly those records with ``rattle
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -35,6 +34,7 @@ import yaml
 from ..errors import CheckFailed, EnvbuilderError
 from ..paths import CONDA_PREFIX
 from ..spec.model import CONDA_CHANNEL_RE, CONDA_RANGE_RE, CONDA_RE
+from .pip import file_sha256
 
 PLATFORM = "linux-64"
 PREFIX = CONDA_PREFIX
@@ -175,14 +175,6 @@ def _subdir(p: dict) -> str:
     return parts[-2] if len(parts) == 3 and parts[-2] in (PLATFORM, "noarch") else "noarch"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _download(url: str, dest: Path, ca_bundle: str | None) -> None:
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
@@ -212,7 +204,7 @@ def fetch(packages: list[dict], folder: Path, ca_bundle: str | None = None) -> l
     for name, p in sorted(wanted.items()):
         target = dest / name
         want = p["hash"]["sha256"]
-        if target.is_file() and _sha256(target) == want:
+        if target.is_file() and file_sha256(target) == want:
             continue
         part = dest / f".{name}.part"
         try:
@@ -222,7 +214,7 @@ def fetch(packages: list[dict], folder: Path, ca_bundle: str | None = None) -> l
             raise CheckFailed(f"conda: {p['name']}", f"cannot fetch {p['url']}: {exc}",
                               "make the channel reachable (a site mirror: ENVBUILDER_CONDA_CHANNEL=URL, then lock again), "
                               "or put the file into " + str(dest)) from None
-        got = _sha256(part)
+        got = file_sha256(part)
         if got != want:
             part.unlink(missing_ok=True)
             raise CheckFailed(f"conda: {p['name']} {p['version']}",

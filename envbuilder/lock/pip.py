@@ -110,7 +110,8 @@ def pip_command(reqs: list[str], tgt: dict, report: Path, *, index_url: str, ext
     return cmd + list(reqs)
 
 
-def _sha256_file(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, read in 1 MiB blocks (the lock's local wheels and conda packages, images)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -128,7 +129,7 @@ def _entry(item: dict) -> dict:
     parsed = urllib.parse.urlparse(url)
     local = parsed.scheme == "file"
     if not sha and local:
-        sha = _sha256_file(Path(urllib.parse.unquote(parsed.path)))
+        sha = file_sha256(Path(urllib.parse.unquote(parsed.path)))
     if not sha:
         raise CheckFailed(f"lock: pip: {item['metadata']['name']}",
                           f"the index gave no sha256 for {redact_url(url)}", "use an index that publishes hashes (PyPI does)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import re
 import shutil
 import subprocess
@@ -385,13 +386,17 @@ def test_ucx_protocol_tables_give_the_transport_per_scope():
 def test_transport_logging_goes_to_the_run_folder_and_keeps_the_users_own(tmp_path):
     env: dict[str, str] = {}
     fab.transport_logging_setup(str(tmp_path), env)
-    assert env["UCX_PROTO_INFO"] == "y" and env["UCX_LOG_FILE"] == str(tmp_path / fab.UCX_LOG_NAME)
+    # UCX's log: a short node-local folder of its own (a long shared path broke MPICH's UCX, CI 2026-11-28)
+    ucx_dir = env[fab.UCX_LOG_DIR_ENV]
+    assert env["UCX_PROTO_INFO"] == "y" and env["UCX_LOG_FILE"] == os.path.join(ucx_dir, fab.UCX_LOG_NAME)
+    assert os.path.dirname(ucx_dir) == tempfile.gettempdir() and os.path.isdir(ucx_dir)
     assert all(env[name] == "10" for name in fab.OMPI_VERBOSE)
     fd = int(env["OPAL_OUTPUT_STDERR_FD"])
     os.write(fd, b"[h:1] select: component ucx selected\n")
     os.close(fd)
     ompi, ucx = fab.read_transport_logs(env)
     assert ompi["pml"] == "ucx" and ucx is None          # UCX wrote no table: it never started
+    assert not os.path.exists(ucx_dir)                     # read once, then removed
     # a user who sent UCX's log elsewhere, or asked Open MPI for its own verbosity, keeps it
     mine = {"UCX_LOG_FILE": "/elsewhere.log", "OMPI_MCA_pml_base_verbose": "5"}
     fab.transport_logging_setup(str(tmp_path / "b"), mine)

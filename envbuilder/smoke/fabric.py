@@ -23,8 +23,10 @@ Standard library only, Python >= 3.8.
 import glob
 import os
 import re
+import shutil
 import socket
 import sys
+import tempfile
 
 from .common import FAIL, PASS, SKIP, fmt_rate, result
 
@@ -41,6 +43,7 @@ SHARED_MEMORY_BTLS = ("self", "vader", "sm", "smcuda")
 DEVICE_BTLS = ("uct", "openib", "usnic", "ugni")      # BTLs that send only through an RDMA device
 NCCL_LOG_NAME = "nccl-%h-%p.log"         # NCCL_DEBUG_FILE's pattern (%h host, %p pid)
 UCX_LOG_NAME = "ucx-%h-%p.log"           # UCX_LOG_FILE's pattern (the same %h, %p)
+UCX_LOG_DIR_ENV = "ENVBUILDER_UCX_LOG_DIR"   # the node-local folder transport_logging_setup made
 OMPI_LOG_ENV = "ENVBUILDER_OMPI_LOG"     # the file this rank's Open MPI selection log goes to
 OMPI_VERBOSE = ("OMPI_MCA_pml_base_verbose", "OMPI_MCA_mtl_base_verbose", "OMPI_MCA_btl_base_verbose")
 # UCX transports (uct names) that carry RDMA: verbs/mlx5 RC, DC, UD and EFA's SRD; tcp is TCP, and
@@ -97,11 +100,11 @@ def verbs_provider_present():
 # ----------------------------------------------------------------------------- the layers' own logs
 
 def transport_logging_setup(workdir, environ=None):
-    """Before MPI starts in a fabric run: Open MPI and UCX write which transport they chose into
-    WORKDIR, unless the user already sent their logs somewhere. Open MPI's component selection
-    goes to a file of its own through OPAL_OUTPUT_STDERR_FD (the descriptor opal_output writes
-    its stderr stream to), so the rank's stderr is not flooded; UCX's protocol tables
-    (UCX_PROTO_INFO) go to UCX_LOG_FILE. ENVIRON (default: this process's) is what is set."""
+    """Before MPI starts in a fabric run: Open MPI and UCX write which transport they chose
+    (Open MPI's log into WORKDIR, UCX's into a node-local temporary folder), unless the user
+    already sent their logs somewhere. Open MPI's component selection goes to a file of its own
+    through OPAL_OUTPUT_STDERR_FD (the descriptor opal_output writes its stderr stream to), so
+    the rank's stderr is not flooded; UCX's protocol tables (UCX_PROTO_INFO) go to UCX_LOG_FILE. ENVIRON (default: this process's) is what is set."""
     env = os.environ if environ is None else environ
     os.makedirs(workdir, exist_ok=True)
     if "OPAL_OUTPUT_STDERR_FD" not in env and not any(v in env for v in OMPI_VERBOSE):
@@ -116,8 +119,19 @@ def transport_logging_setup(workdir, environ=None):
             for name in OMPI_VERBOSE:
                 env[name] = "10"
     if "UCX_LOG_FILE" not in env and "UCX_PROTO_INFO" not in env:
-        env["UCX_PROTO_INFO"] = "y"
-        env["UCX_LOG_FILE"] = os.path.join(workdir, UCX_LOG_NAME)
+        # UCX's log goes to a short node-local folder, not the run's: with the log in a job folder
+        # on the shared file system at a long enough path, MPICH 5.0.2's UCX address exchange
+        # across nodes broke ("Assertion `*addr_version == UCP_OBJECT_VERSION_V2' failed",
+        # "Destination is unreachable"; CI 2026-11-28, 2 nodes x 2 ranks, deterministic at that
+        # path, gone with the log in /tmp). Only this process reads it (read_transport_logs).
+        try:
+            folder = tempfile.mkdtemp(prefix="envbuilder-ucx-")
+        except OSError:
+            folder = None
+        if folder is not None:
+            env["UCX_PROTO_INFO"] = "y"
+            env["UCX_LOG_FILE"] = os.path.join(folder, UCX_LOG_NAME)
+            env[UCX_LOG_DIR_ENV] = folder
 
 
 def parse_ompi_log(text):
@@ -189,6 +203,8 @@ def read_transport_logs(environ=None):
     path = env.get("UCX_LOG_FILE", "")
     if path and env.get("UCX_PROTO_INFO", "").lower() in ("y", "yes", "1", "on"):
         text = _read(path.replace("%h", socket.gethostname()).replace("%p", str(os.getpid())))
+        if env.get(UCX_LOG_DIR_ENV) and os.path.dirname(path) == env[UCX_LOG_DIR_ENV]:
+            shutil.rmtree(env[UCX_LOG_DIR_ENV], ignore_errors=True)     # ours (transport_logging_setup)
         ucx = parse_ucx_log(text)
         # UCX's own warnings and errors went to the file too: show them where the user looks
         for line in text.splitlines():

@@ -341,10 +341,12 @@ def _attest_args(p):
     from .attest.commands import FORMATS
 
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    s = sub.add_parser("sign", help="sign a verify attestation with your key (cosign bundle beside a SIF, "
-                                    "apptainer sign with it in the SIF's signed group, or cosign attest in a registry)",
+    s = sub.add_parser("sign", help="sign a verify attestation (or a build's provenance) with your key (cosign "
+                                    "bundle beside a SIF, apptainer sign with it in the SIF's signed group, or "
+                                    "cosign attest in a registry)",
                        epilog=epilog("attest"))
-    s.add_argument("statement", metavar="STATEMENT", help="the file `envbuilder verify --attest` wrote")
+    s.add_argument("statement", metavar="STATEMENT",
+                   help="the file `envbuilder verify --attest` wrote, or FOLDER/provenance.intoto.json")
     s.add_argument("--key", required=True, metavar="KEY",
                    help="your PEM private key (cosign.key; for --format apptainer an openssl PEM key); "
                         "an encrypted cosign key's password: COSIGN_PASSWORD")

@@ -30,7 +30,9 @@ from conftest import RECIPES, ROOT, run_envbuilder
 from infra import require_binary, require_slurm, sbatch_until_done
 
 from envbuilder.attest.commands import attest_after_verify
-from envbuilder.attest.statement import dumps, gate_line, stack_id, verify_statement, why_not_passing
+from envbuilder.attest.statement import (dumps, gate_line, provenance_statement, stack_id, verify_statement,
+                                         why_not_passing)
+from envbuilder.attest.subject import file_subject
 
 DATA = ROOT / "tests" / "data" / "attest"
 MANIFEST = ROOT / "images" / "cpu-torch-horovod" / "manifest.json"
@@ -182,6 +184,33 @@ def test_sign_refuses_a_public_key_as_the_signing_key(signed, keys):
 
 
 # --- check: the round trip and the hostile cases ----------------------------------------------------
+
+def test_a_build_provenance_is_signed_beside_the_image_and_cosign_checks_it(tmp_path, keys):
+    """The build's provenance (inputs, engine, image) signed with the user's key: a cosign bundle
+    that `cosign verify-blob` itself accepts, and refuses once one byte of the provenance changed;
+    never put into the SIF's signed group (the job gate reads the verify attestation there)."""
+    image = tmp_path / "x.sif"
+    image.write_bytes(os.urandom(64 * 1024))
+    prov = tmp_path / "provenance.intoto.json"
+    files = {"Dockerfile": hashlib.sha256(b"FROM scratch").hexdigest()}
+    prov.write_text(dumps(provenance_statement(manifest(), files, {"engine": "docker"}, file_subject(image))))
+    key, pub = keys["site"]
+    refused(run_envbuilder("attest", "sign", str(prov), "--key", str(key), "--image", str(image),
+                           "--format", "apptainer", env=ENV), "signed beside the SIF")
+    r = run_envbuilder("attest", "sign", str(prov), "--key", str(key), "--image", str(image), env=ENV)
+    assert r.code == 0 and "cosign verify-blob" in r.out, (r.out, r.err)
+    bundle = Path(f"{prov}.bundle")
+
+    def cosign_verify() -> subprocess.CompletedProcess:
+        return subprocess.run(["cosign", "verify-blob", "--key", str(pub), "--bundle", str(bundle),
+                               "--insecure-ignore-tlog=true", str(prov)], capture_output=True, text=True,
+                              env={**os.environ, **ENV}, timeout=120)
+
+    ok = cosign_verify()
+    assert ok.returncode == 0, ok.stderr
+    prov.write_text(prov.read_text().replace('"docker"', '"dockeR"'))
+    assert cosign_verify().returncode != 0
+
 
 def test_signed_attestation_checks_offline(signed, keys):
     image, _ = signed

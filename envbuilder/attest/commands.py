@@ -11,7 +11,7 @@ from ..errors import EXIT_OK, EnvbuilderError
 from ..output import write_atomic
 from . import bounded, check, cosign, sifsign
 from .keys import check_key
-from .statement import dumps, provenance_statement, verify_statement, why_not_passing
+from .statement import PROVENANCE_PREDICATE, dumps, provenance_statement, verify_statement, why_not_passing
 from .subject import file_sha256, file_subject, image_id, is_file_image, subject_for
 
 FORMATS = ("auto", "cosign", "apptainer", "registry")
@@ -67,9 +67,16 @@ def sign(statement_path: str, key: str, image: str, fmt: str = "auto") -> str:
     fmt = _form(image, fmt, statement_path)
     keyp = check_key(key, private=True)
     text, statement = bounded.load(statement_path, "STATEMENT")
-    if statement["predicate"].get("result") != "passed":
+    is_provenance = statement.get("predicateType") == PROVENANCE_PREDICATE
+    if is_provenance and fmt == "apptainer":
+        # the SIF's signed group holds the verify attestation the job gate reads; a second JSON
+        # object there would be a second candidate for it
+        raise EnvbuilderError("--format", "a build provenance is signed beside the SIF, not inside it",
+                              "use --format cosign (a bundle beside it) or registry")
+    if not is_provenance and statement["predicate"].get("result") != "passed":
         raise EnvbuilderError("STATEMENT", f"{statement_path} is no passing verify attestation",
-                              "attest a passing verify (envbuilder verify --attest)")
+                              "attest a passing verify (envbuilder verify --attest), or give "
+                              "FOLDER/provenance.intoto.json")
     subject = statement["subject"][0]["digest"]["sha256"]
     if fmt in ("cosign", "apptainer"):
         if not Path(image).is_file():
@@ -81,6 +88,9 @@ def sign(statement_path: str, key: str, image: str, fmt: str = "auto") -> str:
     if fmt == "cosign":
         bundle = Path(f"{statement_path}.bundle")
         cosign.sign_blob(Path(statement_path), keyp, bundle)
+        if is_provenance:
+            return (f"signed: {bundle} (cosign bundle of the build provenance; check: cosign verify-blob --key PUB "
+                    f"--bundle {bundle} --insecure-ignore-tlog=true {statement_path})")
         return f"signed: {bundle} (cosign bundle of {statement_path}; check: envbuilder attest check --image {image} --key PUB)"
     if fmt == "apptainer":
         sifsign.add_and_sign(Path(image), Path(statement_path), keyp)

@@ -365,8 +365,9 @@ def _attest_args(p):
     c.add_argument("--bundle", metavar="FILE", help="its cosign bundle (default ATTESTATION.bundle)")
     c.add_argument("--stack", metavar="ID", help="the stack it must be of (lock:HEX or spec:HEX)")
     c.add_argument("--folder", metavar="FOLDER", help="the stack of this output folder's manifest.json")
-    c.add_argument("--pulled", metavar="REF", help="registry: the local image pulled by that digest, whose "
-                                                  "ID must be the image verify ran")
+    c.add_argument("--pulled", metavar="REF|SIF", help="registry: the local image pulled by that digest, whose "
+                                                      "ID must be the image verify ran, or the .sif `apptainer "
+                                                      "pull docker://REPO@sha256:D` wrote")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     v = sub.add_parser("provenance", help="write FOLDER/provenance.intoto.json: the build's inputs and image",
                        epilog=epilog("attest"))

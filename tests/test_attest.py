@@ -408,3 +408,74 @@ def test_job_gate_passes_a_signed_attestation(signed, keys, tmp_path):
     code, log = run_job(folder, image)
     assert "envbuilder: attestation ok: " in log, log
     assert "signed by " + str(keys["site"][1]) in log
+
+
+# --- a SIF Apptainer pulled from the registry ---------------------------------------------------
+
+def test_a_sif_apptainer_pulled_by_the_attested_digest_passes_and_by_tag_or_another_digest_not(keys, tmp_path):
+    """The consumer's side of a registry attestation, with the real Apptainer: an image pushed to
+    the loopback registry and attested there by digest; `apptainer pull docker://REPO@sha256:D`
+    (tools/apptainer-node --host-network) makes the .sif, and `attest check --pulled SIF` accepts
+    it; a .sif from another digest, or one that names only a tag, is refused naming why (Apptainer
+    records what it pulled as the From: of the definition it writes into the SIF)."""
+    import re
+
+    from infra import (APPTAINER_NODE, BASE_IMAGE, PLAIN_BASE_IMAGE, docker_cli, require_apptainer_node,
+                       require_registry)
+
+    registry = require_registry()
+    require_apptainer_node()
+    docker = docker_cli()
+    repo = f"{registry}/envbuilder-tests/pulled-sif"
+    refs = {}
+    try:
+        for name, source in (("attested", BASE_IMAGE), ("other", PLAIN_BASE_IMAGE)):
+            tag = f"{repo}:{name}-{os.getpid()}"
+            subprocess.run([docker, "tag", source, tag], check=True, capture_output=True)
+            push = subprocess.run([docker, "push", tag], capture_output=True, text=True, timeout=600)
+            assert push.returncode == 0, push.stderr
+            refs[name] = (tag, f"{repo}@" + re.search(r"digest: (sha256:[0-9a-f]{64})", push.stdout).group(1))
+        tag, ref = refs["attested"]
+        att = tmp_path / "image.att.json"
+        attest_after_verify(report(), tag, MANIFEST, str(att))
+        r = run_envbuilder("attest", "sign", str(att), "--key", str(keys["site"][0]), "--image", ref, env=ENV)
+        assert r.code == 0, r.err
+        work = tmp_path / "sifs"
+        work.mkdir()
+        os.chmod(work, 0o777)                       # Apptainer runs as the node's user builder
+        t0 = time.time()
+        pulls = " && ".join(f"apptainer pull -F {name}.sif docker://{source}" for name, source in
+                            (("by-digest", ref), ("by-tag", tag), ("other", refs["other"][1])))
+        proc = subprocess.run([str(APPTAINER_NODE), "--host-network", "-v", str(work), "--", "bash", "-c",
+                               f"cd {work} && export APPTAINER_NOHTTPS=1 && {pulls}"], capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        print(f"apptainer pull x3 from the loopback registry: {time.time() - t0:.1f} s")
+
+        def check_pulled(sif: str):
+            return run_envbuilder("attest", "check", "--image", ref, "--key", str(keys["site"][1]),
+                                  "--pulled", str(work / sif))
+
+        for sif in ("by-digest.sif", "by-tag.sif"):
+            # Apptainer 1.4.5 records the digest a tag resolved to at pull time, so a pull by tag
+            # that got the attested bytes passes too (seen 2026-11-28)
+            r = check_pulled(sif)
+            assert r.code == 0 and "[cosign registry attestation]" in r.out, (sif, r.out + r.err)
+        # a SIF whose definition names only a tag (what a pull records when it kept no digest):
+        # the same SIF objects made with siftool
+        tagged = tmp_path / "tag-only.sif"
+        deffile = tmp_path / "definition"
+        deffile.write_text(f"bootstrap: docker\nfrom: {tag}\n")
+        require_binary("siftool", "apt-get install siftool")
+        for argv in (["siftool", "new", str(tagged)],
+                     ["siftool", "add", "--datatype", "1", "--groupid", "1", str(tagged), str(deffile)]):
+            subprocess.run(argv, check=True, capture_output=True)
+        refused(check_pulled(str(tagged)), "was pulled by tag")
+        err = refused(check_pulled("other.sif"), "digest differs")
+        assert refs["other"][1] in err, err
+        nosif = tmp_path / "not.sif"
+        nosif.write_bytes(b"#!/bin/sh\n" + os.urandom(512))
+        refused(check_pulled(str(nosif)), "is not a readable SIF")
+    finally:
+        for tag, _ref in refs.values():
+            subprocess.run([docker, "rmi", tag], capture_output=True)

@@ -131,9 +131,43 @@ def check_signed_sif(image: str, keys: list[str], stack: str | None = None) -> P
                   statement)
 
 
+def pulled_sif_matches(sif: str, ref: str) -> None:
+    """SIF was pulled from REF by its digest: `apptainer pull ... docker://REPO@sha256:D` records
+    what it pulled as the `From:` of the definition object it writes into the SIF (Def.FILE; its
+    label org.label-schema.usage.singularity.deffile.from says the same). Pulled by tag, or from
+    another digest, it is refused: a tag can move, so it proves nothing about the bytes."""
+    from ..sif import layout
+
+    try:
+        _, descriptors = layout.read(Path(sif))
+        deffile = next((d for d in descriptors if d.kind == "Def.FILE"), None)
+        text = layout.read_object(Path(sif), deffile, 64 * 1024).decode("utf-8", "replace") if deffile else ""
+    except (OSError, layout.NotSif) as exc:
+        raise EnvbuilderError("--pulled", f"{sif} is not a readable SIF ({exc})",
+                              "give the .sif `apptainer pull` wrote, or a local image") from None
+    fields = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() in ("bootstrap", "from"):
+            fields[key.strip().lower()] = value.strip()
+    source = fields.get("from", "")
+    if fields.get("bootstrap", "").lower() not in ("docker", "oras") or not source:
+        raise refuse(f"{sif} records no registry it was pulled from (its definition has "
+                     f"{'no From:' if not source else 'Bootstrap: ' + fields.get('bootstrap', '?')})",
+                     f"pull it by digest: apptainer pull docker://{ref}")
+    want = ref.removeprefix("docker://")
+    if "@sha256:" not in source:
+        raise refuse(f"{sif} was pulled by tag ({source}), not by digest: a tag can move",
+                     f"pull it by digest: apptainer pull docker://{want}")
+    if source.rsplit("@sha256:", 1)[1] != want.rsplit("@sha256:", 1)[1] or \
+            source.rsplit("@", 1)[0] != want.rsplit("@", 1)[0]:
+        raise refuse(f"digest differs: {sif} was pulled from {source}, the attestation is of {want}",
+                     f"pull it by digest: apptainer pull docker://{want}")
+
+
 def check_registry(ref: str, keys: list[str], stack: str | None = None, pulled: str | None = None) -> Passed:
     """REF: REPO@sha256:DIGEST. PULLED: the local image pulled from it, whose ID must be the image
-    verify ran (the predicate's `verified`)."""
+    verify ran (the predicate's `verified`), or a .sif `apptainer pull` made from REF by digest."""
     pubs = trusted_keys(keys)
     if "@sha256:" not in ref:
         raise EnvbuilderError("--image", f"{ref} names no digest",
@@ -160,7 +194,9 @@ def check_registry(ref: str, keys: list[str], stack: str | None = None, pulled: 
             last = exc
             continue
         verified = (statement["predicate"].get("verified") or {}).get("digest", {}).get("sha256")
-        if pulled is not None:
+        if pulled is not None and Path(pulled).is_file():
+            pulled_sif_matches(pulled, ref)
+        elif pulled is not None:
             local = image_id(pulled)
             if verified and local != verified:
                 raise refuse(f"digest differs: the pulled image {pulled} is sha256:{local}, verify ran sha256:{verified}",

@@ -106,6 +106,15 @@ def read(path: Path) -> tuple[Header, list[Descriptor]]:
     return header, descriptors
 
 
+def read_object(path: Path, descriptor: Descriptor, limit: int) -> bytes:
+    """The data of one object, refused (NotSif) when larger than LIMIT bytes: a SIF is input."""
+    if descriptor.size > limit:
+        raise NotSif(f"{path}: its {descriptor.kind} object is {descriptor.size} bytes (more than {limit})")
+    with open(path, "rb") as fh:
+        fh.seek(descriptor.offset)
+        return fh.read(descriptor.size)
+
+
 def make_deterministic(path: Path, when: int = GO_ZERO_TIME, launch: bytes | None = None) -> None:
     """Nil UUID and WHEN as every creation/modification time (header and descriptors); LAUNCH as
     the launch script (Apptainer writes LAUNCH; `siftool new` leaves it empty)."""

@@ -75,8 +75,38 @@ def devel_steps(stack: Stack, pkgs: list[str]) -> list[Step]:
                   pkgs)]
 
 
+# What no run needs, left out of the runtime stage's packages by dpkg itself (dpkg(1) --path-exclude
+# / --path-include, read from /etc/dpkg/dpkg.cfg.d/; the last matching option wins): documentation,
+# manual and info pages, translations, lintian overrides, groff's fonts. Kept: each package's
+# licence (/usr/share/doc/PKG/copyright), locale.alias, and everything else a job may read: the CA
+# bundle (/etc/ssl, /usr/share/ca-certificates), /usr/share/zoneinfo, /usr/lib/locale (C.UTF-8:
+# the smoke check env.locale). Written before the stage's apt-get install, so it acts on every
+# package that step installs; it stays in the image, so an apt-get install in an image built FROM
+# this one leaves the same paths out. Files the base image already holds are left as they are
+# (deleting them would only add whiteouts to a layer). The devel stage keeps its documentation.
+DPKG_TRIM_FILE = "/etc/dpkg/dpkg.cfg.d/envbuilder-trim"
+DPKG_TRIM = ["path-exclude=/usr/share/doc/*",
+             "path-include=/usr/share/doc/*/copyright",
+             "path-exclude=/usr/share/man/*",
+             "path-exclude=/usr/share/info/*",
+             "path-exclude=/usr/share/locale/*",
+             "path-include=/usr/share/locale/locale.alias",
+             "path-exclude=/usr/share/lintian/*",
+             "path-exclude=/usr/share/groff/*"]
+
+
+def dpkg_trim_commands() -> list[str]:
+    """The shell lines that write DPKG_TRIM_FILE (one RUN line each: Dockerfile and %post alike)."""
+    return [f"mkdir -p {DPKG_TRIM_FILE.rsplit('/', 1)[0]}",
+            "printf '%s\\n' " + " ".join(f"'{line}'" for line in DPKG_TRIM) + f" > {DPKG_TRIM_FILE}"]
+
+
 def runtime_steps(stack: Stack, pkgs: list[str]) -> list[Step]:
-    return [_step(stack, "runtime", "OS packages the image needs at run time (no compilers)", pkgs)]
+    step = _step(stack, "runtime", "OS packages the image needs at run time (no compilers)", pkgs)
+    step.commands = dpkg_trim_commands() + step.commands
+    step.notes.append(f"documentation, manual pages and translations left out ({DPKG_TRIM_FILE}); "
+                      "licences (/usr/share/doc/*/copyright) kept")
+    return [step]
 
 
 class System(Component):

@@ -98,6 +98,29 @@ def test_runtime_stage_has_no_compilers(torch_image):
     assert probe.strip() == "none"
 
 
+TRIM_COUNTS = ("echo man=$(find /usr/share/man -type f 2>/dev/null | wc -l);"
+               " echo mo=$(find /usr/share/locale -name '*.mo' 2>/dev/null | wc -l);"
+               " echo doc=$(find /usr/share/doc -type f ! -name copyright 2>/dev/null | wc -l)")
+
+
+def test_runtime_stage_leaves_out_documentation_but_keeps_what_a_job_needs(torch_image):
+    """The dpkg trim (plan/components/system.py DPKG_TRIM): the runtime stage's packages add no
+    manual page, translation or document to the base's own (left as they are), and every
+    package's licence, the CA bundle, time zone data and C.UTF-8 are there."""
+    _, info, _ = torch_image
+    probe = docker("run", "--rm", "--entrypoint", "bash", info["tag"], "-c",
+                   "for p in $(dpkg-query -W -f '${Package}\\n'); do"
+                   "  [ -e /usr/share/doc/$p/copyright ] || [ -e /usr/share/doc/${p%%:*}/copyright ] || echo nolicence=$p; done;"
+                   " test -s /etc/ssl/certs/ca-certificates.crt && echo ca;"
+                   " test -e /usr/share/zoneinfo/UTC && echo tz;"
+                   " test -s /etc/dpkg/dpkg.cfg.d/envbuilder-trim && echo cfg;"
+                   " LC_ALL=C.UTF-8 python -c 'import locale; print(\"loc=\" + locale.setlocale(locale.LC_ALL, \"\"))';"
+                   + TRIM_COUNTS).stdout.split()
+    base = docker("run", "--rm", "--entrypoint", "bash", base_image(), "-c", TRIM_COUNTS).stdout.split()
+    assert not [w for w in probe if w.startswith("nolicence=")], probe
+    assert {"ca", "tz", "cfg", "loc=C.UTF-8", *base} <= set(probe), (probe, base)
+
+
 # --- verify -------------------------------------------------------------------------------------
 
 def test_verify_torch_image_with_two_ranks(torch_image, tmp_path):

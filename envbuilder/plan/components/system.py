@@ -84,6 +84,7 @@ def devel_steps(stack: Stack, pkgs: list[str]) -> list[Step]:
 # package that step installs; it stays in the image, so an apt-get install in an image built FROM
 # this one leaves the same paths out. Files the base image already holds are left as they are
 # (deleting them would only add whiteouts to a layer). The devel stage keeps its documentation.
+# Bookworm's dpkg still unpacks the symbolic links under an excluded path (dangling, a few bytes).
 DPKG_TRIM_FILE = "/etc/dpkg/dpkg.cfg.d/envbuilder-trim"
 DPKG_TRIM = ["path-exclude=/usr/share/doc/*",
              "path-include=/usr/share/doc/*/copyright",

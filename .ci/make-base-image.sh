@@ -9,19 +9,38 @@
 # --plain: the same rootfs without Docker Hub's apt settings (no docker-clean: apt keeps its
 # caches unless told otherwise), as a site base made by plain debootstrap has it; tagged
 # local/debian:bookworm-plain. The recipes must leave no apt cache on either base.
+#
+# --arch arm64: the arm64 base local/debian:bookworm-arm64 (issue 37), made under emulation:
+# qemu-user-static + binfmt-support register qemu-aarch64 (binfmt_misc is mounted first when it
+# is not), debootstrap --arch=arm64 runs the second stage through it, and the image config written
+# below says "architecture": "arm64" (`docker import --platform` is ignored by Docker 20.10 and
+# records amd64, so the config is written here and loaded with `docker load`).
 set -euo pipefail
 
 PLAIN=0
 FORCE=0
-for arg in "$@"; do
-    case $arg in
+ARCH=amd64
+while [ $# -gt 0 ]; do
+    case $1 in
         --force) FORCE=1 ;;
         --plain) PLAIN=1 ;;
-        *) echo "usage: make-base-image.sh [--force] [--plain]" >&2; exit 2 ;;
+        --arch) shift; ARCH="${1:-}" ;;
+        --arch=*) ARCH="${1#--arch=}" ;;
+        *) echo "usage: make-base-image.sh [--force] [--plain] [--arch amd64|arm64]" >&2; exit 2 ;;
     esac
+    shift
 done
+case $ARCH in
+    amd64|arm64) ;;
+    *) echo "make-base-image: --arch $ARCH: amd64 or arm64" >&2; exit 2 ;;
+esac
+if [ "$PLAIN" = 1 ] && [ "$ARCH" != amd64 ]; then
+    echo "make-base-image: --plain is made for amd64 only" >&2; exit 2
+fi
 if [ "$PLAIN" = 1 ]; then
     TAG="${ENVBUILDER_PLAIN_BASE_IMAGE:-local/debian:bookworm-plain}"
+elif [ "$ARCH" = arm64 ]; then
+    TAG="${ENVBUILDER_ARM64_BASE_IMAGE:-local/debian:bookworm-arm64}"
 else
     TAG="${ENVBUILDER_BASE_IMAGE:-local/debian:bookworm}"
 fi
@@ -39,6 +58,21 @@ if [ "$FORCE" = 0 ] && "$DOCKER" image inspect "$TAG" >/dev/null 2>&1; then
 fi
 
 command -v debootstrap >/dev/null || { echo "make-base-image: debootstrap missing (run .ci/install-system.sh)" >&2; exit 1; }
+
+if [ "$ARCH" = arm64 ] && [ "$(uname -m)" != aarch64 ]; then
+    # arm64 binaries (debootstrap's second stage, later the image's RUN steps) run through qemu
+    if [ ! -e /proc/sys/fs/binfmt_misc/status ]; then
+        mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+    fi
+    if [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
+        if ! command -v qemu-aarch64-static >/dev/null || ! command -v update-binfmts >/dev/null; then
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user-static binfmt-support >/dev/null
+        fi
+        update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true
+    fi
+    [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] || {
+        echo "make-base-image: no qemu-aarch64 binfmt handler (install qemu-user-static and binfmt-support)" >&2; exit 1; }
+fi
 
 # Debian mirror URLs from apt's own configuration (the same archive the host uses).
 # shellcheck disable=SC2016  # $(...) is apt's format syntax, not the shell's
@@ -61,7 +95,7 @@ trap 'rm -rf "$WORK"' EXIT
 ROOT="$WORK/rootfs"
 
 start=$SECONDS
-debootstrap --variant=minbase "$SUITE" "$ROOT" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 || {
+debootstrap --arch="$ARCH" --variant=minbase "$SUITE" "$ROOT" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 || {
     tail -n 40 "$WORK/debootstrap.log" >&2
     echo "make-base-image: debootstrap failed" >&2
     exit 1
@@ -117,12 +151,12 @@ PKGS_SHA="$(chroot "$ROOT" dpkg-query -W -f='${Package}=${Version}\n' | sort | s
 OLD_ID="$("$DOCKER" image inspect -f '{{.Id}}' "$TAG" 2>/dev/null || true)"
 mkdir -p "$WORK/image/layer"
 mv "$WORK/rootfs.tar" "$WORK/image/layer/layer.tar"
-python3 - "$WORK/image" "$TAG" "$ROOTFS_SHA" "$PKGS_SHA" "$MIRROR" "$SUITE" "$EPOCH" <<'PY'
+python3 - "$WORK/image" "$TAG" "$ROOTFS_SHA" "$PKGS_SHA" "$MIRROR" "$SUITE" "$EPOCH" "$ARCH" <<'PY'
 import datetime, hashlib, json, os, sys
-out, tag, rootfs_sha, pkgs_sha, mirror, suite, epoch = sys.argv[1:]
+out, tag, rootfs_sha, pkgs_sha, mirror, suite, epoch, arch = sys.argv[1:]
 created = datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 config = {
-    "architecture": "amd64",
+    "architecture": arch,
     "os": "linux",
     "created": created,
     "config": {
@@ -137,7 +171,7 @@ config = {
     },
     "rootfs": {"type": "layers", "diff_ids": ["sha256:" + rootfs_sha]},
     "history": [{"created": created,
-                 "created_by": f"debootstrap --variant=minbase {suite} {mirror}"
+                 "created_by": f"debootstrap {'--arch=arm64 ' if arch == 'arm64' else ''}--variant=minbase {suite} {mirror}"
                                + (" (no docker-clean apt settings)" if tag.endswith("-plain") else "")}],
 }
 data = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
@@ -150,7 +184,7 @@ PY
 tar -C "$WORK/image" -c . | "$DOCKER" load >/dev/null
 
 ID="$("$DOCKER" image inspect -f '{{.Id}}' "$TAG")"
-echo "make-base-image: built $TAG in $((SECONDS - start))s"
+echo "make-base-image: built $TAG ($("$DOCKER" image inspect -f '{{.Architecture}}' "$TAG")) in $((SECONDS - start))s"
 echo "make-base-image:   image id      $ID"
 echo "make-base-image:   rootfs layer  sha256:$ROOTFS_SHA"
 echo "make-base-image:   package list  sha256:$PKGS_SHA"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import ssl
 import subprocess
 import sys
@@ -211,6 +212,43 @@ def _pip_error(stderr: str) -> str:
     return " ".join(lines)[:600] or stderr.strip()[-600:]
 
 
+_NO_MATCH = re.compile(r"No matching distribution found for ([A-Za-z0-9._-]+)==([^\s;,]+)")
+
+
+def _refuse_other_arch(stderr: str, reqs: list[str], tgt: dict, cmd: list[str], env: dict, report: Path) -> None:
+    """A failed resolution for a non-x86_64 image whose failing pin exists for x86_64: the pin has
+    no build for the image's machine (e.g. intel-openmp, x86_64 wheels only). One message naming
+    the package, version and machine, instead of pip's "from versions: none"."""
+    machine = tgt["markers"]["platform_machine"]
+    m = _NO_MATCH.search(stderr)
+    if machine == "x86_64" or not m:
+        return
+    name, version = m.group(1), m.group(2)
+    x86 = target(tgt["python"], tgt["glibc"], "x86_64")
+    # the same pip options, the x86_64 platforms instead of the image's, the pin alone, no deps
+    probe, skip = [], False
+    for arg in cmd[:cmd.index("--index-url")]:
+        if skip:
+            skip = False
+            continue
+        if arg == "--platform":
+            skip = True
+            continue
+        probe.append(arg)
+    rest = cmd[cmd.index("--index-url"):len(cmd) - len(reqs)]
+    probe += rest
+    for p in x86["platforms"]:
+        probe += ["--platform", p]
+    probe += ["--no-deps", f"{name}=={version}"]
+    penv = dict(env, ENVBUILDER_MARKER_ENV=json.dumps(x86["markers"]))
+    if subprocess.run(probe, capture_output=True, text=True, env=penv).returncode == 0:
+        raise EnvbuilderError(f"lock: pip: {name}=={version}",
+                          f"{name} {version} has no {machine} build for Python {tgt['python']} / glibc "
+                          f"{tgt['glibc']} (the index has it for x86_64 only)",
+                          f"drop {name} from the {machine} spec, pin a version that publishes "
+                          f"{machine} wheels, or give a local {machine} wheel with --wheelhouse DIR")
+
+
 def resolve(groups: dict[str, list[str]], tgt: dict, *, prefer: dict[str, str] | None = None,
             prefer_earlier: dict[str, str] | None = None, **options) -> dict[str, list[dict]]:
     """Resolve every group's requirements together for the target; {group: [entries]}.
@@ -300,6 +338,7 @@ def _resolve(groups: dict[str, list[str]], tgt: dict, *, index_url: str | None =
         env["ENVBUILDER_MARKER_ENV"] = json.dumps(tgt["markers"])
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
+            _refuse_other_arch(proc.stderr, reqs, tgt, cmd, env, report)
             raise CheckFailed("lock: pip", f"pip could not resolve the Python packages for Python "
                               f"{tgt['python']} / glibc {tgt['glibc']}: {_pip_error(proc.stderr)}",
                               "check the versions in the spec exist as wheels for that Python "

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import urllib.parse
+from typing import Any
 from pathlib import Path
 
 from ..errors import CheckFailed, EnvbuilderError
@@ -215,7 +216,7 @@ def _pip_error(stderr: str) -> str:
 _NO_MATCH = re.compile(r"No matching distribution found for ([A-Za-z0-9._-]+)==([^\s;,]+)")
 
 
-def _refuse_other_arch(stderr: str, reqs: list[str], tgt: dict, cmd: list[str], env: dict, report: Path) -> None:
+def _refuse_other_arch(stderr: str, tgt: dict, env: dict, report: Path, options: dict) -> None:
     """A failed resolution for a non-x86_64 image whose failing pin exists for x86_64: the pin has
     no build for the image's machine (e.g. intel-openmp, x86_64 wheels only). One message naming
     the package, version and machine, instead of pip's "from versions: none"."""
@@ -225,21 +226,8 @@ def _refuse_other_arch(stderr: str, reqs: list[str], tgt: dict, cmd: list[str], 
         return
     name, version = m.group(1), m.group(2)
     x86 = target(tgt["python"], tgt["glibc"], "x86_64")
-    # the same pip options, the x86_64 platforms instead of the image's, the pin alone, no deps
-    probe, skip = [], False
-    for arg in cmd[:cmd.index("--index-url")]:
-        if skip:
-            skip = False
-            continue
-        if arg == "--platform":
-            skip = True
-            continue
-        probe.append(arg)
-    rest = cmd[cmd.index("--index-url"):len(cmd) - len(reqs)]
-    probe += rest
-    for p in x86["platforms"]:
-        probe += ["--platform", p]
-    probe += ["--no-deps", f"{name}=={version}"]
+    # the same pip options (pip_command), the x86_64 platforms instead of the image's, the pin alone
+    probe = pip_command([f"{name}=={version}"], x86, report, **options) + ["--no-deps"]
     penv = dict(env, ENVBUILDER_MARKER_ENV=json.dumps(x86["markers"]))
     if subprocess.run(probe, capture_output=True, text=True, env=penv).returncode == 0:
         raise EnvbuilderError(f"lock: pip: {name}=={version}",
@@ -328,9 +316,10 @@ def _resolve(groups: dict[str, list[str]], tgt: dict, *, index_url: str | None =
         if constraints:
             cfile = Path(tmp) / "constraints.txt"
             cfile.write_text("".join(f"{n}=={v}\n" for n, v in sorted(constraints.items())))
-        cmd = pip_command(reqs, tgt, report, index_url=index_url or os.environ.get("ENVBUILDER_PIP_INDEX_URL")
-                          or DEFAULT_INDEX, extra_index_urls=extra_index_urls or [], find_links=find_links,
-                          cert=_cert(ca_bundle), constraints=cfile)
+        options: dict[str, Any] = dict(index_url=index_url or os.environ.get("ENVBUILDER_PIP_INDEX_URL") or DEFAULT_INDEX,
+                                       extra_index_urls=extra_index_urls or [], find_links=find_links,
+                                       cert=_cert(ca_bundle), constraints=cfile)
+        cmd = pip_command(reqs, tgt, report, **options)
         # no pip configuration of this machine (mirrors, constraints, find-links) takes part: the
         # image's pip sees none of it either
         env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
@@ -338,7 +327,7 @@ def _resolve(groups: dict[str, list[str]], tgt: dict, *, index_url: str | None =
         env["ENVBUILDER_MARKER_ENV"] = json.dumps(tgt["markers"])
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
-            _refuse_other_arch(proc.stderr, reqs, tgt, cmd, env, report)
+            _refuse_other_arch(proc.stderr, tgt, env, report, options)
             raise CheckFailed("lock: pip", f"pip could not resolve the Python packages for Python "
                               f"{tgt['python']} / glibc {tgt['glibc']}: {_pip_error(proc.stderr)}",
                               "check the versions in the spec exist as wheels for that Python "

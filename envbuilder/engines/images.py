@@ -41,7 +41,8 @@ class DockerImages:
             img = self.client.images.get(ref)
         except Exception:  # docker.errors.ImageNotFound, APIError
             return None
-        return {"id": img.id, "repo_digests": list(img.attrs.get("RepoDigests") or [])}
+        return {"id": img.id, "repo_digests": list(img.attrs.get("RepoDigests") or []),
+                "architecture": img.attrs.get("Architecture")}
 
     def pull(self, ref: str) -> None:
         try:
@@ -91,7 +92,8 @@ class OciImages:
             digest = listing[0].get("digest") if listing else None
             found = []
         found += [f"{_repo(n)}@{digest}" for n in names if digest and not n.startswith("localhost/")]
-        return {"id": image_id, "repo_digests": self._served(ref, found)}
+        arch = data.get("Architecture") if self.name == "podman" else None
+        return {"id": image_id, "repo_digests": self._served(ref, found), "architecture": arch}
 
     @staticmethod
     def _served(ref: str, found: list[str]) -> list[str]:

@@ -17,7 +17,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from ..errors import CheckFailed
+from ..errors import CheckFailed, EnvbuilderError
 
 MANIFEST_TYPES = ", ".join([
     "application/vnd.oci.image.index.v1+json",
@@ -104,6 +104,20 @@ def resolve_base(ref: str, engine=None) -> dict:
             return {"ref": ref, "digest": image["id"], "kind": "image-id", "pinned": ref}
     digest = registry_digest(ref)
     return {"ref": ref, "digest": digest, "kind": "repo-digest", "pinned": f"{ref}@{digest}"}
+
+
+def check_architecture(ref: str, engine, wanted: str) -> None:
+    """A base whose image config names another architecture than the spec's ``arch`` (``wanted``:
+    Docker's name, amd64 or arm64) is refused before anything is resolved in it: apt in an amd64
+    base resolves amd64 packages whatever the spec says. Unknown (an engine that does not say, an
+    image the engine does not hold): not checked."""
+    image = engine.image(ref) if engine is not None else None
+    have = (image or {}).get("architecture")
+    if have and have != wanted:
+        fix = (".ci/make-base-image.sh --arch arm64 makes local/debian:bookworm-arm64; name it as base"
+               if wanted == "arm64" else f"use a base built for {wanted}")
+        raise EnvbuilderError("lock: base", f"{ref} is an {have} image; the spec's arch needs {wanted} "
+                              f"(OS packages and the base would be locked for {have})", fix)
 
 
 def check_engine_base(entry: dict, engine) -> None:

@@ -26,24 +26,18 @@ scancel test (ENVBUILDER_STAGE_IMAGE=1)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
+from apptainer_cluster import (BUILDER_UID, ROOT, SITE, TWO_BY_TWO, chown_tree, job_log, login_runner, sbatch,
+                               shared_folder, site_variant)
 from conftest import RECIPES, run_envbuilder
-from infra import (wait_for, APPTAINER_CLUSTER_ROOT, apptainer_sbatch_until_done, base_image, keep_for_run, long_build,
-                   on_apptainer_login, require_apptainer_cluster, wheelhouse)
+from infra import wait_for, base_image, keep_for_run, long_build, on_apptainer_login, wheelhouse
 
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-ROOT = Path(APPTAINER_CLUSTER_ROOT)
-SITE = ("--site", "minicluster-apptainer")
-BUILDER_UID = 1000          # the user of .ci/install-apptainer.sh's image, who submits
-TWO_BY_TWO = ("--nodes=2", "--ntasks-per-node=2")
 
 # One Horovod allreduce across the ranks; each rank records who it is and when it was up
 HVD_RECORD = """\
@@ -58,20 +52,10 @@ json.dump({"rank": hvd.rank(), "size": hvd.size(), "host": socket.gethostname(),
 """
 
 
-def chown_tree(path: Path, uid: int) -> None:
-    for root, dirs, files in os.walk(path):
-        for name in [root, *(os.path.join(root, d) for d in dirs), *(os.path.join(root, f) for f in files)]:
-            os.lchown(name, uid, uid)
-
-
 @pytest.fixture(scope="module")
 def ac_shared():
     """A folder of the Apptainer cluster's shared file system, the user builder's."""
-    require_apptainer_cluster()
-    folder = ROOT / "shared" / "tests" / f"{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    folder.mkdir(parents=True)
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+    yield from shared_folder()
 
 
 @pytest.fixture(scope="module")
@@ -94,45 +78,10 @@ def hvd_sif(ac_shared):
     return out, sif
 
 
-def job_log(folder: Path, job_id: str) -> str:
-    return "".join(p.read_text() for p in sorted(folder.glob(f"*-{job_id}*.out")))
-
-
-def sbatch(folder: Path, *args: str, env: dict | None = None, timeout: int = 400) -> tuple[int, str, str, float]:
-    """sbatch [--OPTIONS] job.sbatch [COMMAND...] as builder, waiting for the end: (exit, job id,
-    the job's log, seconds from submission to the end)."""
-    opts = [a for a in args if a.startswith("--")]
-    command = [a for a in args if not a.startswith("--")]
-    t0 = time.time()
-    code, job_id, err = apptainer_sbatch_until_done([*opts, "job.sbatch", *command], folder, env, timeout)
-    return code, job_id, err + job_log(folder, job_id), time.time() - t0
-
-
-SITE_FILE = Path(__file__).resolve().parent.parent / "sites" / "minicluster-apptainer.yaml"
-
-
-def site_variant(folder: Path, name: str, extra: str) -> Path:
-    """sites/minicluster-apptainer.yaml under another name with EXTRA lines, in FOLDER."""
-    text = SITE_FILE.read_text().replace("name: minicluster-apptainer", f"name: {name}")
-    path = folder / f"{name}.yaml"
-    path.write_text(text + extra)
-    return path
-
-
 @pytest.fixture(scope="module")
 def login_envbuilder(ac_shared):
-    """envbuilder as builder on the login node (ac-ctl): this checkout's package copied into the
-    shared folder, run by the Apptainer image's Python 3.13 venv, which has envbuilder's
-    dependencies (.ci/install-apptainer.sh). Returns run(folder, *args, timeout)."""
-    src = ac_shared / "src"
-    shutil.copytree(Path(__file__).resolve().parent.parent / "envbuilder", src / "envbuilder",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    chown_tree(src, BUILDER_UID)
-
-    def run(folder: Path, *args: str, timeout: int = 900):
-        return on_apptainer_login(["env", f"PYTHONPATH={src}", "/opt/envbuilder-venv/bin/python", "-m", "envbuilder",
-                                   *args], folder, timeout=timeout)
-    return run
+    """envbuilder as builder on the login node: apptainer_cluster.login_runner."""
+    return login_runner(ac_shared)
 
 
 def test_verify_slurm_horovod_mpi_gloo_and_the_fabric_check_on_two_nodes_through_apptainer(hvd_sif, login_envbuilder):

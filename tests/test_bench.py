@@ -263,3 +263,16 @@ def test_attest_bench_prints_one_row_per_step():
     assert lines[0] == "SIF x.sif (359 MB), median of 3"
     assert "| envbuilder attest sign (cosign bundle) | 0.96 |" in lines
     assert "| gate: sha256sum of the SIF | 1.28 |" in lines
+
+
+def test_engine_builds_table_gives_each_engine_cold_warm_and_its_ratio_to_docker():
+    spec = importlib.util.spec_from_file_location("engine_builds", ROOT / "bench" / "engine_builds.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    r = {"docker": {"cold": {"seconds": 100.0, "size_bytes": 1_100_000_000}, "warm": {"seconds": 5.0, "size_bytes": 1}},
+         "apptainer": {"cold": {"seconds": 300.0, "size_bytes": 400_000_000}, "warm": {"seconds": 240.0, "size_bytes": 1}}}
+    lines = module.table("cpu-torch-ddp", r).splitlines()
+    assert lines[0].split()[:3] == ["cpu-torch-ddp", "cold", "s"]
+    assert lines[1].split()[-5:] == ["100", "5", "0.05", "1.00", "1100"]
+    assert lines[2].split()[-6:] == ["300", "240", "0.80", "3.00", "400", "(.sif)"]
+    assert len(lines) == 3                        # buildah not run: no row

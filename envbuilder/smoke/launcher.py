@@ -4,7 +4,8 @@
                                [--json] [--timeout S]
 
 For every requested Horovod controller (manifest ``expect.horovod.controllers``) and framework
-binding it starts N ranks (``horovodrun --gloo`` for gloo, ``mpirun`` for mpi, ``srun`` when
+binding it starts N ranks (Horovod's own rendezvous server started by ``gloo_local.py`` for
+gloo, or ``horovodrun --gloo`` with ``--launcher gloo``; ``mpirun`` for mpi, ``srun`` when
 asked), each through ``rank.py``, watches the per-rank files in a temporary folder, enforces a
 timeout on every check (a stuck rank's process group is killed), merges the ranks' results and
 names the ranks that crashed or hung. The report goes to stdout as a table, or with --json as
@@ -45,7 +46,7 @@ def build_parser():
     p.add_argument("--ranks", type=int, default=2, help="Horovod ranks per run (default 2)")
     p.add_argument("--launcher", default="auto",
                    choices=("auto", "gloo", "mpi", "srun", "torchrun", "none"),
-                   help="auto: horovodrun --gloo for the gloo controller and mpirun for mpi; "
+                   help="auto: Horovod's gloo rendezvous started by the suite (gloo_local) for the gloo controller and mpirun for mpi; gloo: horovodrun --gloo; "
                         "torch.distributed: the suite's own spawner (env://); torchrun: torchrun "
                         "(c10d rendezvous on the first node inside a Slurm job); "
                         "none: one process, no launcher")

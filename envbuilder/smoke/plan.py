@@ -32,7 +32,7 @@ def package_root():
 class Run(object):
     def __init__(self, controller, launcher, framework, first):
         self.controller = controller      # mpi | gloo | single
-        self.launcher = launcher          # horovodrun | mpirun | srun | none
+        self.launcher = launcher          # gloo-local | horovodrun | mpirun | srun | none
         self.framework = framework        # torch | tensorflow
         self.first = first
         self.tag = "[%s]" % controller
@@ -93,7 +93,9 @@ def plan_runs(expect, args, in_step=False):
         pairs = []
         for c in ctrls:
             if c == "gloo":
-                pairs.append(("gloo", "horovodrun"))
+                # horovodrun's rendezvous and slot variables without horovodrun's own start
+                # (gloo_local.py); --launcher gloo runs horovodrun itself
+                pairs.append(("gloo", "gloo-local"))
             elif c == "mpi":
                 pairs.append(("mpi", "mpirun"))
     runs = []
@@ -128,6 +130,8 @@ def build_command(run, args, worker_args):
     if run.launcher == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run"] + torchrun_args(n) + \
             ["--module", PACKAGE + ".rank"] + worker_args
+    if run.launcher == "gloo-local":
+        return [sys.executable, "-m", PACKAGE + ".gloo_local", "--ranks", str(n), "--"] + py
     if run.launcher == "horovodrun":
         # --disable-cache: horovodrun would write ~/.horovod, read-only in many containers
         return find_horovodrun() + ["-np", str(n), "-H", "localhost:%d" % n, "--gloo", "--disable-cache"] + \

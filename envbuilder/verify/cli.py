@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                           "FOLDER's (host runtime without FOLDER)")
     parser.add_argument("--launcher", default="auto",
                         choices=("auto", "gloo", "mpi", "srun", "torchrun", "none"),
-                        help="how the suite starts ranks (default: horovodrun --gloo and mpirun, "
-                             "per the manifest's controllers)")
+                        help="how the suite starts ranks (default: Horovod's gloo rendezvous started by the "
+                             "suite and mpirun, per the manifest's controllers; gloo: horovodrun --gloo)")
     parser.add_argument("--python", metavar="EXE",
                         help="interpreter: host runtime (default: this one), images (default python)")
     parser.add_argument("--gpus", action="store_true", help="docker: pass --gpus all")

@@ -1,4 +1,5 @@
-"""The smoke suite for real on this host: 2 Horovod ranks through horovodrun --gloo and mpirun
+"""The smoke suite for real on this host: 2 Horovod ranks through the suite's own gloo launch
+(Horovod's rendezvous server, horovodrun's slot variables; horovodrun itself with --launcher gloo) and mpirun
 under PyTorch, TensorFlow's identity checks, plus the failure paths (version drift, a crashed
 rank, a hung rank, a step Slurm stops).
 
@@ -103,9 +104,19 @@ def test_two_ranks_gloo_and_mpi_pass(tmp_path):
     assert checks["versions.mpi"]["figure"] == "openmpi 4.1.4"
     assert_healthy_run(checks, fw, "mpi")
     assert_healthy_run(checks, fw, "gloo")
-    assert [r["launcher"] for r in report["runs"]] == ["mpirun", "horovodrun"]
+    assert [r["launcher"] for r in report["runs"]] == ["mpirun", "gloo-local"]
     print(f"\n{fw}: suite wall {wall:.1f} s; " + "; ".join(
         f"{n}: {checks[n]['figure']}" for n in checks if n.startswith("perf.")))
+
+
+def test_launcher_gloo_runs_horovodrun_itself_with_the_same_checks(tmp_path):
+    """`--launcher gloo`: horovodrun -np 2 --gloo starts the ranks (what the default's own gloo
+    launch stands in for, without horovodrun's start); the same checks pass."""
+    proc, report, wall = run_suite(tmp_path, manifest("pytorch"), "--ranks", "2", "--launcher", "gloo")
+    assert proc.returncode == 0, [c for c in report["checks"] if c["status"] == "fail"]
+    assert [r["launcher"] for r in report["runs"]] == ["horovodrun"]
+    assert_healthy_run(by_name(report), "pytorch", "gloo")
+    print(f"\nhorovodrun --gloo: suite wall {wall:.1f} s")
 
 
 def test_framework_version_drift_fails_naming_it(tmp_path):

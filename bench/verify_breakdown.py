@@ -10,12 +10,16 @@ Rows (median of --repeat; each verify is `envbuilder verify --image TAG --runtim
   verify, whole         the command's wall time
   outside the suite     the command less the suite's own wall (container start, envbuilder's side)
   static checks         the checks before the first launch (the framework's import is most of it)
-  RUN launch            each launcher's run (mpirun, horovodrun --gloo): its wall time, then
+  RUN launch            each launcher's run (mpirun; gloo-local, the suite's own gloo launch): its
+                        wall time, then
     init                  horovod.init / dist.init: the ranks' start, imports and rendezvous
     checks                every other check of that run (exact allreduce, training, bandwidth)
     rest                  the launch less both (process start and teardown, the launcher itself)
   probe: ...            in one `docker run` of the image: its start, `python -c pass`, and the
                         imports timed by the interpreter itself
+--compare-horovodrun also runs `verify --launcher gloo` (horovodrun --gloo itself, the suite's gloo
+launch before issue 38) beside each verify, the two in ABBA order, and adds its run's rows: the two
+gloo launches side by side.
 Figures are seconds; share is of the whole verify. Run it on an otherwise idle machine."""
 
 from __future__ import annotations
@@ -58,11 +62,11 @@ def timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
     return time.monotonic() - t0, proc
 
 
-def one_verify(image: str, manifest: str, ranks: int) -> dict[str, float]:
+def one_verify(image: str, manifest: str, ranks: int, *extra: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         wall, proc = timed([sys.executable, "-m", "envbuilder", "verify", "--image", image, "--runtime", "docker",
-                            "--manifest", manifest, "--ranks", str(ranks), "--report", str(report)])
+                            "--manifest", manifest, "--ranks", str(ranks), "--report", str(report), *extra])
         if not report.exists():
             sys.exit(f"verify wrote no report (exit {proc.returncode}): {proc.stderr[-2000:]}")
         data = json.loads(report.read_text())
@@ -82,9 +86,9 @@ def one_verify(image: str, manifest: str, ranks: int) -> dict[str, float]:
                                                       "perf.step.tensorflow"))
         name = f"{run['launcher']} ({run['controller']}) launch"
         rows[name] = run["wall_s"]
-        rows[f"  {run['controller']}: init"] = init
-        rows[f"  {run['controller']}: checks"] = rest
-        rows[f"  {run['controller']}: rest"] = run["wall_s"] - init - rest
+        rows[f"  {run['launcher']}: init"] = init
+        rows[f"  {run['launcher']}: checks"] = rest
+        rows[f"  {run['launcher']}: rest"] = run["wall_s"] - init - rest
     return rows
 
 
@@ -105,9 +109,20 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--json", help="also write the raw figures here")
+    ap.add_argument("--compare-horovodrun", action="store_true",
+                    help="also verify with --launcher gloo (horovodrun) beside each run, ABBA")
     args = ap.parse_args()
     load = Path("/proc/loadavg").read_text().split()[0]
-    runs = [one_verify(args.image, args.manifest, args.ranks) for _ in range(args.repeat)]
+    runs = []
+    for i in range(args.repeat):
+        if not args.compare_horovodrun:
+            runs.append(one_verify(args.image, args.manifest, args.ranks))
+            continue
+        order = ("auto", "gloo") if i % 2 == 0 else ("gloo", "auto")
+        got = {how: one_verify(args.image, args.manifest, args.ranks, "--launcher", how) for how in order}
+        row = got["auto"]
+        row.update({k: v for k, v in got["gloo"].items() if k.startswith(("horovodrun", "  horovodrun"))})
+        runs.append(row)
     probes = [probe(args.image) for _ in range(args.repeat)]
     rows = {k: statistics.median(r[k] for r in runs if k in r) for k in runs[0]}
     rows.update({k: statistics.median(p[k] for p in probes if k in p) for k in probes[0]})

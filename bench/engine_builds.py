@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -94,9 +95,14 @@ def apptainer_build(spec: Path, out: Path, ca: str, wheel_args: list[str], cache
     seconds = time.monotonic() - started
     if proc.returncode != 0:
         sys.exit(f"apptainer build failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    rec = json.loads((out / "image.json").read_text())
-    Path(rec["sif"]).unlink()
-    return {"seconds": round(seconds, 1), "build_seconds": rec["build_seconds"], "size_bytes": rec["size_bytes"]}
+    # envbuilder's line for an Apptainer build (no image.json: the .sif is the image)
+    m = re.search(r"^built (\S+\.sif) \(\d+ MB\) in (\d+) s", proc.stdout, re.M)
+    if not m:
+        sys.exit(f"apptainer build: no 'built ... .sif' line in its output:\n{proc.stdout[-2000:]}")
+    sif = Path(m.group(1))
+    size = sif.stat().st_size
+    sif.unlink()
+    return {"seconds": round(seconds, 1), "build_seconds": float(m.group(2)), "size_bytes": size}
 
 
 def needs_wheelhouse(spec: Path) -> bool:
@@ -112,6 +118,11 @@ def bench_preset(name: str, engines: tuple[str, ...], work: Path, ca: str, wheel
     envbuilder("lock", str(spec), "--out", str(out), *wheel_args)
     envbuilder("build", str(spec), "--out", str(out), "--no-build")
     result: dict = {}
+    def done(engine: str) -> None:
+        c, w = result[engine]["cold"], result[engine]["warm"]
+        print(f"{name}: {engine} cold {c['seconds']:.0f} s, warm {w['seconds']:.0f} s, "
+              f"{c['size_bytes'] / 1e6:.0f} MB", flush=True)
+
     if "docker" in engines:
         tag = f"localhost/envbuilder-bench/{name}:docker"
         try:
@@ -119,6 +130,7 @@ def bench_preset(name: str, engines: tuple[str, ...], work: Path, ca: str, wheel
                                 "warm": docker_build(out, tag, ca, wheelhouse if wheel_args else None, False)}
         finally:
             subprocess.run(["docker", "rmi", "-f", tag], capture_output=True)
+        done("docker")
     if "buildah" in engines:
         conf = work / "storage.conf"
         conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{work}/graph"\nrunroot = "{work}/run"\n')
@@ -131,6 +143,7 @@ def bench_preset(name: str, engines: tuple[str, ...], work: Path, ca: str, wheel
             full = dict(os.environ, **env)
             subprocess.run(["buildah", "rm", "--all"], env=full, capture_output=True)
             subprocess.run(["buildah", "rmi", "--all", "--force"], env=full, capture_output=True)
+        done("buildah")
     if "apptainer" in engines:
         a_out = work / name / "apptainer" / name
         a_out.mkdir(parents=True)
@@ -139,6 +152,7 @@ def bench_preset(name: str, engines: tuple[str, ...], work: Path, ca: str, wheel
         cache.mkdir()
         result["apptainer"] = {"cold": apptainer_build(spec, a_out, ca, wheel_args, cache),
                                "warm": apptainer_build(spec, a_out, ca, wheel_args, cache)}
+        done("apptainer")
     return result
 
 

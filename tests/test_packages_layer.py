@@ -123,3 +123,13 @@ def test_the_image_has_one_environment_in_which_the_packages_group_wins(two_buil
     assert checks["versions.packages"]["status"] == "pass", checks["versions.packages"]
     assert "markupsafe 2.1.3" in checks["versions.packages"]["detail"] and "six 1.17.0" in checks["versions.packages"]["detail"]
     assert r.code == 0, (r.out + r.err)[-3000:]
+
+
+def test_compare_reads_the_packages_folder_and_names_the_changed_pin(two_builds):
+    """`envbuilder compare` reads /opt/packages beside the site-packages: the two builds differ by
+    the six pin only, in that folder."""
+    (before, after), _, _, _ = two_builds
+    r = run_envbuilder("compare", before, after, "--json", timeout=600)
+    data = json.loads(r.out)["compare"]["python"]
+    assert (data["only_a"], data["only_b"]) == (["six==1.16.0"], ["six==1.17.0"]), data
+    assert data["same"] > 10                                 # torch and its dependencies, tqdm, MarkupSafe

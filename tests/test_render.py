@@ -375,5 +375,13 @@ def test_with_a_lock_the_spec_packages_are_a_runtime_layer_after_the_venv_and_co
     assert "    /opt/venv /opt/venv\n    /opt/packages /opt/packages\n" in apptainer
     assert "--target /opt/packages" in apptainer and "00-envbuilder-packages.pth" in apptainer
 
+    # a pin change that empties the packages group (six back at the framework's version) leaves
+    # the python step, hence every layer up to the packages', as it was
+    lock.pip = {**lock.pip, "packages": []}
+    empty = render_dockerfile(assemble(resolve(spec, lock)), "0" * 64)
+    assert "/opt/packages /opt/packages" not in empty and "/opt/packages/bin" not in empty
+    python_step = docker[docker.index("# python:"):docker.index("# framework:")]
+    assert python_step in empty and "00-envbuilder-packages.pth" in python_step
+
     unlocked = render_dockerfile(assemble(resolve(spec)), "0" * 64)
     assert "/opt/packages" not in unlocked and "pip install --no-cache-dir --disable-pip-version-check six==1.17.0" in unlocked

@@ -47,7 +47,15 @@ def packages_apart(stack: Stack) -> bool:
     that needs it), so the packages go into the venv as before; `envbuilder build` with an engine
     that caches layers (Docker, podman, buildah) always locks first. An NGC image has one stage
     and no copy to spare."""
-    return stack.ngc is None and locked_pip_file(stack.lock, "packages") is not None
+    return packages_pth_wanted(stack) and locked_pip_file(stack.lock, "packages") is not None
+
+
+def packages_pth_wanted(stack: Stack) -> bool:
+    """Whether the venv gets PACKAGES_PTH: with any lock on a two-stage image, whether or not its
+    packages group has entries today. The file is written in the first pip layer; were it to
+    depend on the group, a pin change that empties or fills the group (a package returning to the
+    framework's own version) would rebuild every layer from the venv on, Horovod's compile too."""
+    return stack.ngc is None and stack.lock is not None
 
 
 def site_packages(stack: Stack) -> str:
@@ -63,9 +71,11 @@ def packages_pth(stack: Stack) -> str:
     in a .pth *appends* (the venv's copy of a package would win); a line starting with ``import``
     is run as site reads the file, right after it appended the site-packages: this one lets
     ``site.addsitedir`` add PACKAGES_DIR (and read .pth files a package put there), then moves what
-    that added to just before the site-packages."""
-    return (f"import site, sys; _n = len(sys.path); site.addsitedir(\"{PACKAGES_DIR}\"); _new = sys.path[_n:]; "
-            f"del sys.path[_n:]; _i = sys.path.index(\"{site_packages(stack)}\"); sys.path[_i:_i] = _new")
+    that added to just before the site-packages. An image whose packages group is empty has no
+    such folder, and nothing is added."""
+    return (f"import os, site, sys; _n = len(sys.path); os.path.isdir(\"{PACKAGES_DIR}\") and "
+            f"site.addsitedir(\"{PACKAGES_DIR}\"); _new = sys.path[_n:]; del sys.path[_n:]; "
+            f"_i = sys.path.index(\"{site_packages(stack)}\"); sys.path[_i:_i] = _new")
 
 
 def devel_steps(stack: Stack) -> list[Step]:
@@ -73,7 +83,7 @@ def devel_steps(stack: Stack) -> list[Step]:
         return []
     locked, mounts = locked_pip(stack, "python")
     pth = []
-    if packages_apart(stack):
+    if packages_pth_wanted(stack):
         pth = [f"test -d {site_packages(stack)}",
                f"echo '{packages_pth(stack)}' > {site_packages(stack)}/{PACKAGES_PTH}"]
     return [Step("python", f"Python {stack.python} virtual environment in {VENV}", [

@@ -88,7 +88,7 @@ def test_a_changed_pin_in_packages_pip_leaves_the_venv_layer_and_copies_only_the
     dockerfile = (out / "Dockerfile").read_text()
     assert "pip install --no-cache-dir --disable-pip-version-check --target /opt/packages --require-hashes" in dockerfile
     assert dockerfile.index("COPY --from=devel /opt/venv /opt/venv") < \
-        dockerfile.index("COPY --from=devel /opt/packages /opt/packages")
+        dockerfile.index("COPY --from=packages /opt/packages /opt/packages")
     one, two = layers(before), layers(after)
     # runtime stage: the base's layers, the apt step, the venv's COPY, then the packages' COPY
     venv = n_base + 1

@@ -368,11 +368,17 @@ def test_with_a_lock_the_spec_packages_are_a_runtime_layer_after_the_venv_and_co
     assert "--target /opt/packages --require-hashes --no-deps -r /pins/pip-packages.txt" in docker
     assert f"> {site}/00-envbuilder-packages.pth" in docker
     assert 'site.addsitedir("/opt/packages")' in docker and f'sys.path.index("{site}")' in docker
-    venv, packages = (docker.index(f"COPY --from=devel {d} {d}") for d in ("/opt/venv", "/opt/packages"))
+    # the packages build in a stage on top of devel: the venv's COPY reads devel's snapshot, which a
+    # changed pin leaves as it was
+    assert docker.index("FROM devel AS packages") < docker.index("--target /opt/packages") < docker.index("AS runtime")
+    venv, packages = (docker.index(c) for c in ("COPY --from=devel /opt/venv /opt/venv",
+                                                "COPY --from=packages /opt/packages /opt/packages"))
     assert venv < packages < docker.index("COPY manifest.json")
     assert 'PATH="/opt/packages/bin:/opt/venv/bin:$PATH"' in docker
     apptainer = render_apptainer(plan, "0" * 64)
-    assert "    /opt/venv /opt/venv\n    /opt/packages /opt/packages\n" in apptainer
+    # Apptainer (no layer cache): one devel stage runs the same steps, the runtime copies both
+    assert "Stage: packages" not in apptainer and apptainer.count("Bootstrap:") == 2
+    assert "%files from devel\n    /opt/venv /opt/venv\n    /opt/packages /opt/packages\n" in apptainer
     assert "--target /opt/packages" in apptainer and "00-envbuilder-packages.pth" in apptainer
 
     # a pin change that empties the packages group (six back at the framework's version) leaves
@@ -380,6 +386,7 @@ def test_with_a_lock_the_spec_packages_are_a_runtime_layer_after_the_venv_and_co
     lock.pip = {**lock.pip, "packages": []}
     empty = render_dockerfile(assemble(resolve(spec, lock)), "0" * 64)
     assert "/opt/packages /opt/packages" not in empty and "/opt/packages/bin" not in empty
+    assert "AS packages" not in empty
     python_step = docker[docker.index("# python:"):docker.index("# framework:")]
     assert python_step in empty and "00-envbuilder-packages.pth" in python_step
 

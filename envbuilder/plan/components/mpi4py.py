@@ -16,12 +16,12 @@ that the MPI extension links libmpi_abi.so.1 and not the MPICH ABI's libmpi.so.1
 from __future__ import annotations
 
 from ...lock.pins import source
-from ...paths import PACKAGES_DIR, VENV
+from ...paths import VENV
 from ..image import Step
 from ...stack import Stack
 from . import mpi
 from .base import Component, Layer, LockNeeds
-from .python import locked_pip, packages_apart, pip, pip_env, python_exe
+from .python import locked_pip, pip, pip_env, python_exe
 
 # mpi4py's build requirement beside setuptools (which the venv has): its floor is cython >= 3.0.1
 # (conf/requirements-build-cython.txt of the 4.1.2 sdist, source mpi4py_mpiabi_build); this
@@ -80,9 +80,8 @@ def devel_steps(stack: Stack) -> list[Step]:
         f"{pip(stack).replace(' install ', ' download ')} --no-deps --no-binary :all: --no-build-isolation "
         f"--require-hashes -r {WORK}/requirements.txt -d {WORK}",
         f"tar -xzf {WORK}/mpi4py-{version}.tar.gz -C {WORK}",
-        # over any mpi4py wheel an earlier group brought (a package that depends on mpi4py); one in
-        # the packages' own folder would come first on sys.path: removed
-        *([f"rm -rf {PACKAGES_DIR}/mpi4py {PACKAGES_DIR}/mpi4py-*.dist-info"] if packages_apart(stack) else []),
+        # over any mpi4py wheel an earlier group brought (a package that depends on mpi4py; with a
+        # lock the packages stage removes one from /opt/packages: components/packages.py)
         f"{pip(stack)} --no-build-isolation --no-deps --force-reinstall {folder}",
         # Python's CFLAGS carry -g: the extension's DWARF is 10 MB of its 12.5 (source
         # mpi4py_abi_here); symbols stay, as for Horovod's

@@ -17,6 +17,9 @@ from ...quoting import shell_words
 from ...spec.model import PIP_PIN_RE
 
 
+STAGE = "packages"          # the Dockerfile's stage (FROM devel) that installs them, with a lock
+
+
 def requirements(stack: Stack) -> list[str]:
     """The spec's pip requirements this step installs: all but an mpi4py the image builds from its
     sdist against the MPI-5 standard ABI (components/mpi4py.py)."""
@@ -33,8 +36,13 @@ def pip_steps(stack: Stack) -> list[Step]:
     if stack.lock and not locked:
         return []       # everything they need is already installed by an earlier group
     title = f"extra Python packages from the spec, in {PACKAGES_DIR}" if apart else "extra Python packages from the spec"
-    notes = ["a folder of their own, ahead of the venv's site-packages on sys.path: the runtime stage copies it "
-             "apart, so a changed pin leaves the venv's layer cached"] if apart else []
+    notes = ["a folder of their own, ahead of the venv's site-packages on sys.path, in a stage of its own: the "
+             "runtime stage copies it apart, so a changed pin leaves the devel stage and the venv's layer cached"
+             ] if apart else []
+    if apart and stack.mpi4py_sdist:
+        # the image's own mpi4py, built from its sdist in the devel stage (components/mpi4py.py),
+        # wins over a wheel of it a package brought, which would come first on sys.path
+        locked = locked + [f"rm -rf {PACKAGES_DIR}/mpi4py {PACKAGES_DIR}/mpi4py-*.dist-info"]
     return [Step("packages", title, locked or [
         f"{pip(stack)} {shell_words(sorted(reqs, key=str.lower), 'packages.pip')}",
     ], network=True, mounts=mounts, build_env=pip_env(stack), notes=notes)]
@@ -51,7 +59,7 @@ class Packages(Component):
         return {Layer.PACKAGES: pip_steps(stack)}
 
     def runtime(self, stack: Stack) -> list[Copy]:
-        return [Copy(PACKAGES_DIR, PACKAGES_DIR, from_stage="devel")] if packages_apart(stack) else []
+        return [Copy(PACKAGES_DIR, PACKAGES_DIR, from_stage=STAGE)] if packages_apart(stack) else []
 
     def env(self, stack: Stack) -> dict[str, str]:
         # their console scripts, ahead of the venv's (a package installed again over the venv's)

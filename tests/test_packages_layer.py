@@ -1,6 +1,7 @@
-"""Real builds: the spec's own packages are a runtime layer of their own (/opt/packages, copied
-after the venv), so changing one pin in packages.pip re-copies that folder and not the framework's
-venv, and the image still has one Python environment in which the packages group wins.
+"""Real builds: the spec's own packages are a runtime layer of their own (/opt/packages, built in
+the Dockerfile's `packages` stage on top of devel and copied after the venv), so changing one pin
+in packages.pip re-copies that folder and not the framework's venv, and the image still has one
+Python environment in which the packages group wins.
 
 The stack: torch 2.13 (CPU) from the wheelhouse, no MPI or Horovod (the build is the torch
 install); packages.pip pins six (changed between the two builds), MarkupSafe 2.1.3 (older than the

@@ -2,9 +2,10 @@
 
 The runtime stage copies the whole venv from the devel stage; that is the Python payload. With a
 lock, the spec's own packages (the lock's ``packages`` group) go to /opt/packages instead
-(``pip --target``, components/packages.py), copied by a COPY of their own after the venv's: a
-changed pin in ``packages.pip`` then re-copies that folder, not the framework's gigabyte
-(BuildKit caches a COPY by the content it copies). The image still has one environment: a .pth
+(``pip --target``, components/packages.py), installed in a stage of their own on top of the devel
+stage and copied by a COPY of their own after the venv's: a changed pin in ``packages.pip`` then
+re-copies that folder, not the framework's gigabyte (BuildKit caches a COPY by the content it
+copies, and the devel stage it copies the venv from is unchanged). The image still has one environment: a .pth
 file in the venv's site-packages puts /opt/packages on sys.path *ahead of* the site-packages
 (``packages_pth``), so a package the packages group installs again at another version (the lock's
 ``"overrides"``) is the one imported and the one importlib.metadata and ``pip list`` report.

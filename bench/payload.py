@@ -2,7 +2,8 @@
 
 Payload = the bytes no image of this stack can do without:
   venv     the Python environment the stack is installed in: the whole virtual environment
-           (sys.prefix) when the interpreter runs in one, else the site-packages folders
+           (sys.prefix) when the interpreter runs in one, else the site-packages folders; and
+           any other sys.path folder holding installed distributions (envbuilder's /opt/packages)
   python   the interpreter (realpath of sys.executable) and its standard library (stdlib, lib-dynload)
   mpi      Open MPI's run-time plugins, dlopen'ed, so no ELF lists them: every file under
            /usr/lib/<triplet>/openmpi, /usr/lib/<triplet>/pmix* and /usr/lib/<triplet>/hwloc
@@ -76,6 +77,11 @@ def main():
         env_roots = [sys.prefix]
     else:
         env_roots = sorted({p for p in sysconfig.get_paths().values() if "-packages" in p and os.path.isdir(p)})
+    # a sys.path folder outside those that holds installed distributions is part of the environment
+    # too (envbuilder's /opt/packages: the spec's packages, a layer of their own)
+    env_roots += sorted({p for p in sys.path if p and os.path.isdir(p)
+                         and not any(p == r or p.startswith(r + "/") for r in env_roots)
+                         and glob.glob(os.path.join(p, "*.dist-info"))})
     env_files = [p for root in env_roots for p in walk(root)]
 
     interp = os.path.realpath(sys.executable)

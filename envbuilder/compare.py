@@ -1,7 +1,7 @@
 """What an image holds, read from its file tree (nothing is run in it): every path with its type,
 mode, owner, size, link target and content hash; the Python distributions of every
-site-packages/dist-packages folder (their METADATA: name==version); the OS packages dpkg lists as
-installed (/var/lib/dpkg/status: name=version). And the difference between two images:
+site-packages/dist-packages folder and of /opt/packages (their METADATA: name==version); the OS
+packages dpkg lists as installed (/var/lib/dpkg/status: name=version). And the difference between two images:
 `envbuilder compare A B`, e.g. Apptainer's .sif of a lock against the Dockerfile's image of it.
 
 An image in buildah's storage is read through a mounted working container (root); one in the
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import re
 import shutil
 import stat
@@ -23,10 +24,13 @@ from pathlib import Path
 from typing import IO
 
 from .errors import CheckFailed, EnvbuilderError
+from .paths import PACKAGES_DIR
 
 # a distribution's metadata: wheels' dist-info/METADATA; setuptools' egg-info (a folder with PKG-INFO,
-# or one file, as Debian's python3-* packages install it)
-METADATA = re.compile(r"^/(?:.*/)?(?:site|dist)-packages/[^/]+(?:\.dist-info/METADATA|\.egg-info/PKG-INFO|\.egg-info)$")
+# or one file, as Debian's python3-* packages install it); in a site-packages/dist-packages folder
+# or in PACKAGES_DIR (the spec's packages, pip --target)
+METADATA = re.compile(r"^(/(?:.*/)?(?:site|dist)-packages|" + re.escape(PACKAGES_DIR) + r")/[^/]+"
+                      r"(?:\.dist-info/METADATA|\.egg-info/PKG-INFO|\.egg-info)$")
 DPKG_STATUS = "/var/lib/dpkg/status"
 # what a container engine puts into every container's file tree (docker export shows them; they
 # are bind targets at run time, Apptainer's included): not compared
@@ -62,7 +66,8 @@ def _metadata(path: str, data: bytes, out: Contents) -> None:
         elif line.startswith("Version:"):
             version = line.split(":", 1)[1].strip()
     if name and version:
-        out.python[f"{_canonical(name)}=={version}"] = path.split("-packages/")[0] + "-packages"
+        match = METADATA.match(path)
+        out.python[f"{_canonical(name)}=={version}"] = match.group(1) if match else posixpath.dirname(path)
 
 
 def _dpkg(data: bytes, out: Contents) -> None:

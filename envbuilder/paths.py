@@ -10,6 +10,8 @@ PREFIX = "/opt/envbuilder"                      # manifest, smoke suite, build h
 MANIFEST_IN_IMAGE = f"{PREFIX}/manifest.json"   # the in-image copy of the output folder's manifest.json
 SMOKE_DIR = "envbuilder_smoke"                  # the suite's folder in the build context and the image
 VENV = "/opt/venv"                              # the image's Python environment
+PACKAGES_DIR = "/opt/packages"                  # the lock's packages group (pip --target), ahead of
+                                                # the venv's site-packages on sys.path (components/python.py)
 CONDA_PREFIX = "/opt/conda"                     # conda packages (py-rattler), when the spec has any
 VERIFY_MANIFEST = f"{PREFIX}/verify-manifest.json"  # `verify` mounts the folder's manifest here
 SUITE_MODULE = "envbuilder_smoke"               # `python -m` name of the suite inside an image

@@ -334,3 +334,61 @@ def test_the_spec_says_where_apptainer_reads_the_bases(tmp_path, base_from, boot
     assert b"bases/" not in files["Dockerfile"] and b"FROM local/debian:bookworm AS devel" in files["Dockerfile"]
     if base_from in (None, "auto"):
         assert files == plain
+
+
+def test_with_a_lock_the_spec_packages_are_a_runtime_layer_after_the_venv_and_come_first_on_sys_path():
+    """The lock's packages group installs into /opt/packages (pip --target) and the runtime stage
+    copies it after the venv, so a changed pin leaves the venv's COPY cached
+    (tests/test_packages_layer.py builds it); a .pth in the venv puts the folder ahead of its
+    site-packages, PATH its console scripts ahead of the venv's. Apptainer.def copies the same
+    folders. Without a lock the packages go into the venv as before (pip must see what the
+    framework installed)."""
+    from envbuilder.lock.model import Lock
+    from envbuilder.plan.components import assemble
+    from envbuilder.render.apptainer import render_apptainer
+    from envbuilder.render.dockerfile import render_dockerfile
+    from envbuilder.spec.model import load_spec
+    from envbuilder.stack import resolve
+
+    def entry(name: str, version: str) -> dict:
+        return {"name": name, "version": version, "file": f"{name}-{version}-py3-none-any.whl", "sha256": "0" * 64,
+                "from": "index"}
+
+    spec = load_spec(RECIPES / "cpu-torch.yaml")
+    spec = spec.__class__(**{**spec.__dict__, "packages": spec.packages.__class__(
+        **{**spec.packages.__dict__, "pip": ["six==1.17.0"]})})
+    base = {"ref": "local/debian:bookworm", "digest": "sha256:" + "1" * 64, "kind": "image-id",
+            "pinned": "local/debian:bookworm"}
+    lock = Lock(name=spec.name, inputs={}, base={"devel": base, "runtime": base}, pip={"python": [entry("pip", "24.0")],
+                                                "framework": [entry("torch", "2.13.0+cpu"), entry("six", "1.16.0")],
+                                                "packages": [{**entry("six", "1.17.0"), "overrides": "1.16.0"}]})
+    plan = assemble(resolve(spec, lock))
+    docker = render_dockerfile(plan, "0" * 64)
+    site = "/opt/venv/lib/python3.11/site-packages"
+    assert "--target /opt/packages --require-hashes --no-deps -r /pins/pip-packages.txt" in docker
+    assert f"> {site}/00-envbuilder-packages.pth" in docker
+    assert 'site.addsitedir("/opt/packages")' in docker and f'sys.path.index("{site}")' in docker
+    # the packages build in a stage on top of devel: the venv's COPY reads devel's snapshot, which a
+    # changed pin leaves as it was
+    assert docker.index("FROM devel AS packages") < docker.index("--target /opt/packages") < docker.index("AS runtime")
+    venv, packages = (docker.index(c) for c in ("COPY --from=devel /opt/venv /opt/venv",
+                                                "COPY --from=packages /opt/packages /opt/packages"))
+    assert venv < packages < docker.index("COPY manifest.json")
+    assert 'PATH="/opt/packages/bin:/opt/venv/bin:$PATH"' in docker
+    apptainer = render_apptainer(plan, "0" * 64)
+    # Apptainer (no layer cache): one devel stage runs the same steps, the runtime copies both
+    assert "Stage: packages" not in apptainer and apptainer.count("Bootstrap:") == 2
+    assert "%files from devel\n    /opt/venv /opt/venv\n    /opt/packages /opt/packages\n" in apptainer
+    assert "--target /opt/packages" in apptainer and "00-envbuilder-packages.pth" in apptainer
+
+    # a pin change that empties the packages group (six back at the framework's version) leaves
+    # the python step, hence every layer up to the packages', as it was
+    lock.pip = {**lock.pip, "packages": []}
+    empty = render_dockerfile(assemble(resolve(spec, lock)), "0" * 64)
+    assert "/opt/packages /opt/packages" not in empty and "/opt/packages/bin" not in empty
+    assert "AS packages" not in empty
+    python_step = docker[docker.index("# python:"):docker.index("# framework:")]
+    assert python_step in empty and "00-envbuilder-packages.pth" in python_step
+
+    unlocked = render_dockerfile(assemble(resolve(spec)), "0" * 64)
+    assert "/opt/packages" not in unlocked and "pip install --no-cache-dir --disable-pip-version-check six==1.17.0" in unlocked

@@ -32,8 +32,10 @@ class Copy:
 @dataclass
 class Stage:
     name: str
-    base: str
+    base: str                                   # an image, or an earlier stage's name
     items: list = field(default_factory=list)   # Step and Copy, in order
+    role: str = ""                              # the stage's header comment, where the default
+                                                # (devel / runtime) does not fit
 
     @property
     def steps(self) -> list[Step]:

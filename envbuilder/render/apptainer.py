@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 import posixpath
 import re
 
-from ..plan.image import Copy, Plan, Step
+from ..plan.image import Copy, Plan, Stage, Step
 from ..quoting import apptainer_export, apptainer_line, apptainer_text, image_ref, oci_runscript, shell_words
 from .common import CA_SECRET, NETRC_SECRET, WHEELHOUSE, export_line, header, network_setup
 
@@ -111,7 +112,26 @@ def _archive_lines(plan: Plan) -> list[str]:
             *(f"  {apptainer_line(archive_commands(ref, kind))}" for ref in bases)]
 
 
+def _stages_from_images(plan: Plan) -> Plan:
+    """A stage the Dockerfile builds FROM an earlier stage (`packages`, there for the layer
+    cache) joins that stage here: a definition file's stage bootstraps from an image, and Apptainer
+    has no layer cache to spare. The same steps run in the same order, the same folders are copied."""
+    stages: list[Stage] = []
+    into: dict[str, str] = {}
+    for stage in plan.stages:
+        items = [replace(i, from_stage=into[i.from_stage]) if isinstance(i, Copy) and i.from_stage in into else i
+                 for i in stage.items]
+        host = next((s for s in stages if s.name == into.get(stage.base, stage.base)), None)
+        if host is None:
+            stages.append(Stage(stage.name, stage.base, items, stage.role))
+        else:
+            host.items += items
+            into[stage.name] = host.name
+    return replace(plan, stages=stages)
+
+
 def render_apptainer(plan: Plan, spec_sha: str) -> str:
+    plan = _stages_from_images(plan)
     out = header("#", f"Apptainer/Singularity definition file for {plan.name}", spec_sha, [
         "",
         f"Build:  apptainer build {plan.name}.sif Apptainer.def   (runs %test: the smoke suite)",

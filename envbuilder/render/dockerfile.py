@@ -69,8 +69,8 @@ def render_dockerfile(plan: Plan, spec_sha: str) -> str:
                     + "-" * 10] + rest
         n += 1
         out.append("")
-        role = ("compilers and headers; only its results are copied on" if not last
-                else "what runs: no compilers, no build caches") if multi else "single stage"
+        role = stage.role or (("compilers and headers; only its results are copied on" if not last
+                               else "what runs: no compilers, no build caches") if multi else "single stage")
         out.append(f"# ---- stage {n}: {stage.name} ({role}) " + "-" * 10)
         out.append(f"FROM {image_ref(stage.base)} AS {stage.name}")
         out.append(SHELL)

@@ -41,8 +41,14 @@ def assemble(stack: Stack) -> Plan:
     for part in COMPONENTS:
         for layer, steps in part.devel(stack).items():
             slots.setdefault(layer, []).extend(steps)
+    # with a lock the spec's packages build in a stage of their own on top of the devel stage: the
+    # runtime stage's venv COPY reads the devel stage's last snapshot, which a changed pin then
+    # leaves as it was (BuildKit checksums a changed snapshot's files again: 5 s for the torch
+    # venv), and copies /opt/packages from this stage (components/packages.py)
+    apart = python.packages_apart(stack) and bool(slots.get(Layer.PACKAGES))
     devel = Stage("devel", _base(stack, "devel", stack.base))
-    devel.items += [step for layer in Layer for step in slots.get(layer, [])]
+    devel.items += [step for layer in Layer for step in slots.get(layer, [])
+                    if not (apart and layer is Layer.PACKAGES)]
 
     if stack.ngc is not None:
         # An NGC image already is a complete devel + runtime image: one stage, add what is missing.
@@ -54,6 +60,9 @@ def assemble(stack: Stack) -> Plan:
         final.items += system.runtime_steps(stack, packages_["runtime"])
         final.items += _layered([copy for part in COMPONENTS for copy in part.runtime(stack)])
         stages = [devel, final]
+        if apart:
+            stages.insert(1, Stage(packages.STAGE, devel.name, list(slots[Layer.PACKAGES]),
+                                   role="the spec's packages on top of devel; only /opt/packages is copied on"))
     final.items += smoke.install(stack)
 
     env: dict[str, str] = {}

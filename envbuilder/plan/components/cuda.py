@@ -11,7 +11,7 @@ from ...quoting import shell_word
 from ...stack import Stack
 from ...versions import minor
 from .base import Component, Layer, LockNeeds
-from .python import locked_pip, pip, pip_env, python_exe
+from .python import locked_pip, pip, pip_env, python_exe, site_packages
 
 
 def _nccl_pin(stack: Stack) -> str | None:
@@ -77,12 +77,6 @@ def locked_cuda_runtime(stack: Stack) -> str | None:
         return None
     version = lock.pip_versions().get(wheel["name"])
     return ".".join(version.split(".")[:2]) if version else None
-
-
-def site_packages(stack: Stack) -> str:
-    from ...paths import VENV
-
-    return f"{VENV}/lib/python{stack.python}/site-packages"
 
 
 def wheel_tree(stack: Stack) -> str:

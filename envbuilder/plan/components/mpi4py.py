@@ -80,7 +80,8 @@ def devel_steps(stack: Stack) -> list[Step]:
         f"{pip(stack).replace(' install ', ' download ')} --no-deps --no-binary :all: --no-build-isolation "
         f"--require-hashes -r {WORK}/requirements.txt -d {WORK}",
         f"tar -xzf {WORK}/mpi4py-{version}.tar.gz -C {WORK}",
-        # over any mpi4py wheel an earlier group brought (a package that depends on mpi4py)
+        # over any mpi4py wheel an earlier group brought (a package that depends on mpi4py; with a
+        # lock the packages stage removes one from /opt/packages: components/packages.py)
         f"{pip(stack)} --no-build-isolation --no-deps --force-reinstall {folder}",
         # Python's CFLAGS carry -g: the extension's DWARF is 10 MB of its 12.5 (source
         # mpi4py_abi_here); symbols stay, as for Horovod's

@@ -108,7 +108,8 @@ def _stack(version: str, **extra):
 
     doc = {"name": "t", "base": ARM64_BASE, "arch": "aarch64", "python": "3.11",
            "framework": {"name": "pytorch", "version": version},
-           "distributed": {"kind": "torch", "backend": "gloo", "launcher": "srun"}, **extra}
+           **({} if "horovod" in extra else {"distributed": {"kind": "torch", "backend": "gloo", "launcher": "srun"}}),
+           **extra}
     return resolve(spec_from_doc(SourceDoc(data=doc, path="spec.yaml")))
 
 
@@ -143,3 +144,15 @@ def test_lock_refuses_pypis_cuda_torch_for_a_cpu_aarch64_spec():
     _refuse_cuda_torch_on_cpu(_stack("2.13.0"), cpu)                  # the CPU build: fine
     _refuse_cuda_torch_on_cpu(_stack("2.10.0"), {"framework": [{"name": "torch", "version": "2.10.0",
                                                                 "file": "torch-2.10.0.whl"}]})
+
+
+def test_horovod_requirements_take_a_psutil_with_aarch64_wheels():
+    # psutil 5.9.8 (x86_64 images' pin) has no aarch64 wheel; 6.0.0 is the first with one
+    from envbuilder.plan.components import horovod
+
+    hv = {"mpi": {"flavor": "openmpi", "version": "4.1.4", "pmi": "pmix"},
+          "horovod": {"version": "0.28.1", "operations": ["mpi", "gloo"]}}
+    st = _stack("2.10.0", **hv)
+    assert "psutil==6.0.0" in horovod.requirements(st) and "psutil==5.9.8" not in horovod.requirements(st)
+    got = pip_.resolve({"packages": ["psutil==6.0.0"]}, AARCH64)
+    assert got["packages"][0]["file"].endswith("manylinux2014_aarch64.whl")

@@ -67,8 +67,10 @@ class Stack:
         if fw.name == "pytorch" and self.spec.cuda and not self.spec.cuda.from_pypi:
             return self.catalog.framework_index("pytorch", minor(self.spec.cuda.version))
         if fw.name == "pytorch" and self.spec.target_arch == "aarch64" and "+cpu" not in fw.version:
-            # PyPI's aarch64 torch is a CUDA build since 2.14 (torch_pypi_2611): CPU nodes take
-            # the CPU index's
+            # PyPI's aarch64 torch is a CUDA build since 2.11 (torch_pypi_aarch64_2611): CPU nodes
+            # take the CPU index's; up to 2.10 PyPI's own aarch64 wheel is the CPU build
+            if not self.spec.cuda and self.catalog.aarch64_pypi_cpu("pytorch", fw.version):
+                return None
             return self.catalog.framework_index("pytorch", None)
         return None
 

@@ -97,3 +97,62 @@ def test_aarch64_lock_on_the_arm64_base(tmp_path):
     binary = [f for f in files if not f.endswith("-none-any.whl")]
     assert binary and all("aarch64" in f for f in binary), files
     assert "tensorflow-2.16.2-cp311-cp311-manylinux_2_17_aarch64.manylinux2014_aarch64.whl" in files
+
+
+# --- which torch a CPU aarch64 spec gets (catalog aarch64_pypi, torch_pypi_aarch64_2611) -------
+
+def _stack(version: str, **extra):
+    from envbuilder.spec.model import spec_from_doc
+    from envbuilder.spec.yamlsource import SourceDoc
+    from envbuilder.stack import resolve
+
+    doc = {"name": "t", "base": ARM64_BASE, "arch": "aarch64", "python": "3.11",
+           "framework": {"name": "pytorch", "version": version},
+           **({} if "horovod" in extra else {"distributed": {"kind": "torch", "backend": "gloo", "launcher": "srun"}}),
+           **extra}
+    return resolve(spec_from_doc(SourceDoc(data=doc, path="spec.yaml")))
+
+
+def test_cpu_aarch64_torch_up_to_2_10_comes_from_pypi():
+    # PyPI's aarch64 torch 2.10.0 is a CPU build (its CUDA Requires-Dist are x86_64-only)
+    assert _stack("2.10.0").framework_index_url is None
+    assert _stack("2.9.1").framework_index_url is None
+    assert not [f for f in _stack("2.10.0").findings if f.rule == "ARCH_TORCH_CPU"]
+
+
+def test_cpu_aarch64_torch_from_2_11_needs_the_cpu_index_and_says_so():
+    st = _stack("2.13.0")
+    assert st.framework_index_url == "https://download.pytorch.org/whl/cpu"
+    (f,) = [f for f in st.findings if f.rule == "ARCH_TORCH_CPU"]
+    assert "PyPI's aarch64 torch 2.13.0 is a CUDA build" in f.reason and "2.10" in f.fix
+    # a local +cpu wheel or the spec's own index: no index chosen for it, no warning
+    assert _stack("2.13.0+cpu").framework_index_url is None
+    assert not [f for f in _stack("2.13.0+cpu").findings if f.rule == "ARCH_TORCH_CPU"]
+
+
+def test_lock_refuses_pypis_cuda_torch_for_a_cpu_aarch64_spec():
+    # the CPU index not reached: pip falls back to PyPI's aarch64 CUDA build; the lock refuses it
+    from envbuilder.lock.resolve import _refuse_cuda_torch_on_cpu
+
+    cuda = {"framework": [{"name": "torch", "version": "2.13.0",
+                           "file": "torch-2.13.0-cp311-cp311-manylinux_2_28_aarch64.whl"}]}
+    with pytest.raises(EnvbuilderError) as err:
+        _refuse_cuda_torch_on_cpu(_stack("2.13.0"), cuda)
+    assert err.value.exit_code == 2
+    assert "CUDA build" in str(err.value) and "download.pytorch.org/whl/cpu was not reached" in str(err.value)
+    cpu = {"framework": [{"name": "torch", "version": "2.13.0+cpu", "file": "torch-2.13.0+cpu-x.whl"}]}
+    _refuse_cuda_torch_on_cpu(_stack("2.13.0"), cpu)                  # the CPU build: fine
+    _refuse_cuda_torch_on_cpu(_stack("2.10.0"), {"framework": [{"name": "torch", "version": "2.10.0",
+                                                                "file": "torch-2.10.0.whl"}]})
+
+
+def test_horovod_requirements_take_a_psutil_with_aarch64_wheels():
+    # psutil 5.9.8 (x86_64 images' pin) has no aarch64 wheel; 6.0.0 is the first with one
+    from envbuilder.plan.components import horovod
+
+    hv = {"mpi": {"flavor": "openmpi", "version": "4.1.4", "pmi": "pmix"},
+          "horovod": {"version": "0.28.1", "operations": ["mpi", "gloo"]}}
+    st = _stack("2.10.0", **hv)
+    assert "psutil==6.0.0" in horovod.requirements(st) and "psutil==5.9.8" not in horovod.requirements(st)
+    got = pip_.resolve({"packages": ["psutil==6.0.0"]}, AARCH64)
+    assert got["packages"][0]["file"].endswith("manylinux2014_aarch64.whl")

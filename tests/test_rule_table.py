@@ -68,6 +68,8 @@ TABLE = [
      "error", "horovod.version", "DistributedOptimizer is broken with TensorFlow >= 2.12"),
     ("HVD_UNTESTED_TF", "cpu-tf", {},
      "warning", "framework.version", "tested up to TensorFlow 2.12"),
+    ("ARCH_TORCH_CPU", "cpu-torch-ddp-aarch64", {"framework.version": "2.13.0"},
+     "warning", "framework.version", "PyPI's aarch64 torch 2.13.0 is a CUDA build"),
     ("HVD_TORCH_CXX17", "cpu-torch", {},
      "info", "horovod.version", "needs a source fix to build against torch 2.13.0+cpu"),
     ("HVD_NCCL_CPU", "cpu-tf", {"horovod.operations": ["nccl", "mpi", "gloo"]},

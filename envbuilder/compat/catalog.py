@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from ..versions import minor
+from ..versions import cmp, minor
 
 CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 
@@ -86,6 +86,14 @@ class Catalog:
         if not entry:
             return None
         return entry["cuda"].format(cuda=cuda.replace(".", "")) if cuda else entry["cpu"]
+
+    def aarch64_pypi_cpu(self, family: str, version: str) -> bool | None:
+        """Whether PyPI's aarch64 wheel of ``family`` ``version`` is a CPU build (catalog
+        `aarch64_pypi`: releases up to `cpu_until`); None: the catalog does not say."""
+        entry = (self.data.get("aarch64_pypi") or {}).get(family)
+        if not entry:
+            return None
+        return cmp(minor(version), entry["cpu_until"]) <= 0
 
     def runtime_image(self, devel: str) -> str | None:
         """The runtime flavour of an nvidia/cuda devel image (None: not such an image)."""

@@ -82,6 +82,16 @@ def arch_rules(spec: Spec, ctx: Context):
                       f"{base} has no arm64 image (the pytorch/pytorch tags are amd64 only)",
                       "leave base out (nvidia/cuda images are multi-arch) or use an NGC base",
                       ["torch_aarch64_index"])
+    if fw.family == "pytorch" and not spec.cuda and not fw.index_url and "+cpu" not in fw.version \
+            and ctx.catalog.aarch64_pypi_cpu("pytorch", fw.version) is False:
+        until = ctx.catalog.data["aarch64_pypi"]["pytorch"]["cpu_until"]
+        yield Finding("ARCH_TORCH_CPU", WARN, "framework.version",
+                      f"PyPI's aarch64 torch {fw.version} is a CUDA build (torch > {until}); the CPU "
+                      f"build comes from {ctx.catalog.framework_index('pytorch', None)}, which the "
+                      "lock and the build must reach",
+                      f"pin torch {until}.x (PyPI's last CPU-only aarch64 wheel), or set "
+                      "framework.index_url to a mirror of the CPU index, or give a local +cpu wheel "
+                      "with --wheelhouse", ["torch_pypi_aarch64_2611", "torch_index"])
     if fw.family == "pytorch" and spec.cuda and fw.index_url and "pypi.org" in fw.index_url:
         yield Finding("ARCH_TORCH_INDEX", ERROR, "framework.index_url",
                       "CUDA builds of torch for aarch64 come from download.pytorch.org",

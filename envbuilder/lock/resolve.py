@@ -200,6 +200,7 @@ def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, upd
             lock.pip = pip_.resolve(wp["groups"], tgt, prefer=prefer, prefer_earlier=prefer_earlier,
                                     extra_index_urls=wp["extra_index_urls"],
                                     find_links=wheelhouse, ca_bundle=ca_bundle)
+            _refuse_cuda_torch_on_cpu(stack, lock.pip)
         lock.resolvers["pip"] = pip_.pip_version()
 
     # conda packages (py-rattler's solve, recorded in conda-lock's format)
@@ -223,6 +224,27 @@ def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, upd
 
     lock.resolved_at = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     return lock
+
+
+def _refuse_cuda_torch_on_cpu(stack, pip: dict) -> None:
+    """A CPU aarch64 torch spec whose torch PyPI publishes as a CUDA build for aarch64 (catalog
+    aarch64_pypi) gets the CPU index as an extra index; when pip did not reach it, PyPI's CUDA
+    build (and its CUDA wheels) would fill the lock of a CPU image: refused, exit 2."""
+    fw, spec = stack.spec.framework, stack.spec
+    if fw.name != "pytorch" or spec.target_arch != "aarch64" or spec.cuda or fw.index_url:
+        return
+    cpu_index = stack.catalog.framework_index("pytorch", None)
+    if stack.framework_index_url != cpu_index:
+        return
+    torch = pip_by_name(pip).get("torch")
+    if torch is None or "+cpu" in torch["version"]:
+        return
+    until = stack.catalog.data["aarch64_pypi"]["pytorch"]["cpu_until"]
+    raise EnvbuilderError("lock: pip", f"torch {torch['version']} resolved to PyPI's aarch64 wheel, a CUDA build "
+                          f"({torch['file']}), not the CPU build: the CPU index {cpu_index} was not reached "
+                          "(or has no such version)",
+                          f"pin torch {until}.x (PyPI's last CPU-only aarch64 wheel), set framework.index_url "
+                          "to a reachable mirror of the CPU index, or give the +cpu wheel with --wheelhouse")
 
 
 def _record_engine(lock: Lock, engine) -> None:

@@ -21,6 +21,10 @@ from .python import locked_pip, pip, pip_env, python_exe
 
 # Horovod 0.28.1's install_requires, pinned (PyPI, versions that support Python 3.8 - 3.13).
 REQUIRES = ["cloudpickle==3.0.0", "packaging==24.0", "psutil==5.9.8", "PyYAML==6.0.1"]
+# psutil publishes aarch64 wheels from 6.0.0 on (PyPI's file list of psutil, read 2026-11-28:
+# 5.9.8 has x86_64 manylinux wheels and an sdist only; 6.0.0 has cp36-abi3 manylinux2014_aarch64):
+# an aarch64 image takes 6.0.0 (Horovod asks psutil without a version), x86_64 images keep 5.9.8.
+PSUTIL_AARCH64 = "psutil==6.0.0"
 
 
 def requirements(stack: Stack) -> list[str]:
@@ -29,6 +33,8 @@ def requirements(stack: Stack) -> list[str]:
     but the torch wheel does not bring numpy: without it rank 1 fails and rank 0 waits for ever
     (seen here with torch 2.13.0+cpu). TensorFlow brings its own numpy."""
     reqs = list(REQUIRES)
+    if stack.spec.target_arch == "aarch64":
+        reqs = [PSUTIL_AARCH64 if r.startswith("psutil==") else r for r in reqs]
     if stack.spec.framework.family == "pytorch":
         reqs.append("numpy==1.26.4" if tuple(int(p) for p in stack.python.split(".")) <= (3, 12) else "numpy==2.1.3")
     return reqs

@@ -71,6 +71,8 @@ class Stack:
             # take the CPU index's; up to 2.10 PyPI's own aarch64 wheel is the CPU build
             if not self.spec.cuda and self.catalog.aarch64_pypi_cpu("pytorch", fw.version):
                 return None
+            if self.spec.cuda and self.spec.cuda.from_pypi:
+                return None         # CUDA from PyPI: PyPI's own aarch64 torch is that build
             return self.catalog.framework_index("pytorch", None)
         return None
 

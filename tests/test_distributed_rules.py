@@ -66,8 +66,8 @@ REFUSED = [
      ["ARCH_TF_GPU", "no aarch64 GPU wheels"]),
     ("pytorch-image-on-aarch64", ARM_DDP.replace("arch: aarch64", "arch: aarch64\nbase: pytorch/pytorch:2.5.1-cuda12.4-cudnn9-devel\nbase_os: ubuntu22.04"),
      ["ARCH_BASE", "no arm64 image"]),
-    ("aarch64-torch-from-pypi", ARM_DDP.replace('version: "2.15.0"}', 'version: "2.15.0", index_url: "https://pypi.org/simple"}'),
-     ["ARCH_TORCH_INDEX", "download.pytorch.org"]),
+    ("aarch64-torch-from-pypi", ARM_DDP.replace('version: "2.15.0"}', 'version: "2.10.0", index_url: "https://pypi.org/simple"}'),
+     ["ARCH_TORCH_INDEX", "2.10.0 is a CPU build", "download.pytorch.org"]),
     # the site's GPU
     ("unknown-gpu-model", with_cluster(GPU_DDP, "gpu: k80x"),
      ["GPU_UNKNOWN", "'k80x'", 'gpu: "9.0"']),

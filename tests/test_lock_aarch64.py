@@ -130,6 +130,14 @@ def test_cpu_aarch64_torch_from_2_11_needs_the_cpu_index_and_says_so():
     assert not [f for f in _stack("2.13.0+cpu").findings if f.rule == "ARCH_TORCH_CPU"]
 
 
+def test_aarch64_torch_with_cuda_from_pypi_takes_pypis_own_cuda_build():
+    # from 2.11 PyPI's aarch64 torch is the CUDA build: a spec with CUDA from PyPI takes it from
+    # PyPI (not the CPU index), and naming PyPI as its index is no error for such a version
+    st = _stack("2.15.0", cuda={"version": "13.2", "source": "pypi"})
+    assert st.framework_index_url is None
+    assert not [f for f in st.findings if f.rule in ("ARCH_TORCH_CPU", "ARCH_TORCH_INDEX")]
+
+
 def test_lock_refuses_pypis_cuda_torch_for_a_cpu_aarch64_spec():
     # the CPU index not reached: pip falls back to PyPI's aarch64 CUDA build; the lock refuses it
     from envbuilder.lock.resolve import _refuse_cuda_torch_on_cpu

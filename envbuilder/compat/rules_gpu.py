@@ -92,11 +92,15 @@ def arch_rules(spec: Spec, ctx: Context):
                       f"pin torch {until}.x (PyPI's last CPU-only aarch64 wheel), or set "
                       "framework.index_url to a mirror of the CPU index, or give a local +cpu wheel "
                       "with --wheelhouse", ["torch_pypi_aarch64_2611", "torch_index"])
-    if fw.family == "pytorch" and spec.cuda and fw.index_url and "pypi.org" in fw.index_url:
+    if fw.family == "pytorch" and spec.cuda and fw.index_url and "pypi.org" in fw.index_url \
+            and ctx.catalog.aarch64_pypi_cpu("pytorch", fw.version) is not False:
+        # up to 2.10 PyPI's aarch64 torch is the CPU build; from 2.11 it is the CUDA one
+        # (torch_pypi_aarch64_2611), which PyPI may serve
         yield Finding("ARCH_TORCH_INDEX", ERROR, "framework.index_url",
-                      "CUDA builds of torch for aarch64 come from download.pytorch.org",
+                      f"PyPI's aarch64 torch {fw.version} is a CPU build: CUDA builds of it for "
+                      "aarch64 come from download.pytorch.org",
                       "leave index_url out: envbuilder picks download.pytorch.org/whl/cuNNN",
-                      ["torch_aarch64_index"])
+                      ["torch_aarch64_index", "torch_pypi_aarch64_2611"])
 
 
 @rule

@@ -36,33 +36,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from engines import envbuilder  # noqa: E402  (bench/engines.py: envbuilder as a command, exit on failure)
+from engines import docker_build, envbuilder  # noqa: E402  (bench/engines.py: the Docker build; envbuilder as a command)
 
 ENGINES = ("docker", "buildah", "apptainer")
 BUILDER_UID = 1000          # the user of .ci/install-apptainer.sh's image (tools/apptainer-node)
-
-
-def docker_build(out: Path, tag: str, ca: str, wheelhouse: str | None, cold: bool) -> dict:
-    from envbuilder.engines.context import stage_context
-    from envbuilder.engines.docker import buildkit_cli, docker_build_command
-
-    files = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()
-             and p.name not in ("build.log", "image.json") and not p.name.endswith(".sif")}
-    context = stage_context(out, files, wheelhouse)
-    cmd = docker_build_command(buildkit_cli(), context, tag, ca)
-    if cold:
-        cmd.insert(-1, "--no-cache")
-    started = time.monotonic()
-    try:
-        proc = subprocess.run(cmd, env=dict(os.environ, DOCKER_BUILDKIT="1"), capture_output=True, text=True)
-    finally:
-        shutil.rmtree(context, ignore_errors=True)
-    seconds = time.monotonic() - started
-    if proc.returncode != 0:
-        sys.exit(f"docker build failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    inspect = json.loads(subprocess.run(["docker", "image", "inspect", tag], capture_output=True,
-                                        text=True, check=True).stdout)[0]
-    return {"seconds": round(seconds, 1), "size_bytes": inspect["Size"]}
 
 
 def buildah_build(spec: Path, out: Path, tag: str, ca: str, wheel_args: list[str], env: dict) -> dict:

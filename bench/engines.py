@@ -50,15 +50,18 @@ def spec_file(work: Path) -> Path:
     return path
 
 
-def docker_cold(out: Path, ca: str, wheelhouse: str) -> dict:
+def docker_build(out: Path, tag: str, ca: str, wheelhouse: str | None, cold: bool = True) -> dict:
+    """The locked Dockerfile of OUT built by the BuildKit CLI envbuilder uses (cold: --no-cache):
+    seconds, image bytes and ID. bench/engine_builds.py uses it too."""
     from envbuilder.engines.context import stage_context
     from envbuilder.engines.docker import buildkit_cli, docker_build_command
 
     files = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()
-             and p.name not in ("build.log", "image.json")}
+             and p.name not in ("build.log", "image.json") and not p.name.endswith(".sif")}
     context = stage_context(out, files, wheelhouse)
-    cmd = docker_build_command(buildkit_cli(), context, TAG_DOCKER, ca)
-    cmd.insert(-1, "--no-cache")
+    cmd = docker_build_command(buildkit_cli(), context, tag, ca)
+    if cold:
+        cmd.insert(-1, "--no-cache")
     started = time.monotonic()
     try:
         proc = subprocess.run(cmd, env=dict(os.environ, DOCKER_BUILDKIT="1"), capture_output=True, text=True)
@@ -67,9 +70,13 @@ def docker_cold(out: Path, ca: str, wheelhouse: str) -> dict:
     seconds = time.monotonic() - started
     if proc.returncode != 0:
         sys.exit(f"docker build failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    inspect = json.loads(subprocess.run(["docker", "image", "inspect", TAG_DOCKER], capture_output=True,
+    inspect = json.loads(subprocess.run(["docker", "image", "inspect", tag], capture_output=True,
                                         text=True, check=True).stdout)[0]
     return {"seconds": round(seconds, 1), "size_bytes": inspect["Size"], "id": inspect["Id"]}
+
+
+def docker_cold(out: Path, ca: str, wheelhouse: str) -> dict:
+    return docker_build(out, TAG_DOCKER, ca, wheelhouse)
 
 
 def table(r: dict) -> str:

@@ -15,12 +15,11 @@ Python >= 3.8; imports Horovod's runner only for its rendezvous server.
 """
 
 import os
-import signal
 import subprocess
 import sys
-import time
 
 from .gloo_step import slot_env
+from .spawn import wait_forwarding
 
 HOST = "localhost"
 ADDR = "127.0.0.1"
@@ -62,28 +61,9 @@ def main(argv=None):
             env["NCCL_SOCKET_IFNAME"] = IFACE          # as horovodrun sets it beside HOROVOD_GLOO_IFACE
             procs.append(subprocess.Popen(cmd, env=env))
 
-        def forward(signum, _frame):
-            for p in procs:
-                if p.poll() is None:
-                    try:
-                        p.send_signal(signum)
-                    except OSError:
-                        pass
-
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            try:
-                signal.signal(sig, forward)
-            except (ValueError, OSError):
-                pass
-        while any(p.poll() is None for p in procs):
-            time.sleep(0.05)
+        return wait_forwarding(procs)
     finally:
         server.stop()
-    code = 0
-    for p in procs:
-        if p.returncode and not code:
-            code = p.returncode if p.returncode > 0 else 128 - p.returncode
-    return code
 
 
 if __name__ == "__main__":

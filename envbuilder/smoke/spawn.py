@@ -43,6 +43,12 @@ def main(argv=None):
                     "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                     "ENVBUILDER_SMOKE_RANK": str(r), "ENVBUILDER_SMOKE_SIZE": str(n)})
         procs.append(subprocess.Popen(cmd, env=env))
+    return wait_forwarding(procs)
+
+
+def wait_forwarding(procs):
+    """Forward termination signals to the ranks PROCS until all have ended; the first non-zero
+    status of a rank (a signal: 128 + its number), else 0. gloo_local.py uses it too."""
 
     def forward(signum, _frame):
         for p in procs:

@@ -151,6 +151,23 @@ def test_a_site_profile_sets_the_cluster_and_adds_binds(write_spec, tmp_path):
     assert "(host runtime)" in render(tmp_path, RECIPES / "gpu.yaml", "--site", "local", "--runtime", "host")
 
 
+def test_the_gh200_slingshot_example_site_renders_the_aarch64_preset_with_its_sourced_settings(cli, write_spec,
+                                                                                                tmp_path):
+    """sites/example-gh200-slingshot.yaml: the GH200 preset takes it (aarch64, gh200, PMIx); job.sbatch
+    exports the C2C/NVLink settings CSCS's images bake and the PMIx setting as the site's (fixed),
+    the Slingshot fabric's cscs-docs defaults as defaults; an x86_64 spec is refused (ARCH_SITE)."""
+    text = render(tmp_path, RECIPES / "gpu-torch-ddp-aarch64.yaml", "--site", "example-gh200-slingshot")
+    for line in ("export NCCL_NET_GDR_C2C=1", "export NCCL_P2P_LEVEL=NVL", "export NCCL_PXN_DISABLE=1",
+                 "export PMIX_MCA_psec=native", 'export FI_PROVIDER="${FI_PROVIDER:-cxi}"',
+                 'export NCCL_NET="${NCCL_NET:-AWS Libfabric}"',
+                 "#SBATCH --cpus-per-task=288"):       # torchrun: one task per node, 4 ranks x 72 cores
+        assert line in text, line
+    x86 = write_spec((RECIPES / "cpu-torch-ddp.yaml").read_text().replace("python:", "arch: x86_64\npython:", 1))
+    r = cli("build", str(x86), "--no-build", "--out", str(tmp_path / "x86"), "--site", "example-gh200-slingshot")
+    assert r.code == 2 and "ARCH_SITE" in r.err and "the site's nodes are aarch64" in r.err, r.err
+    assert not (tmp_path / "x86").exists()
+
+
 def test_bad_site_and_sweep_input_get_one_message_and_exit_2(cli, write_spec, tmp_path):
     r = cli("build", str(RECIPES / "gpu.yaml"), "--no-build", "--out", str(tmp_path / "x"), "--site", "nowhere")
     assert r.code == 2 and "no site profile named 'nowhere'" in r.err and "example-gpu" in r.err

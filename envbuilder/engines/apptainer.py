@@ -5,7 +5,13 @@ Unprivileged (as most HPC users build), with --fakeroot; before any work, each t
 must allow for that is checked and a missing one refused by name (user namespaces, /dev/fuse,
 subordinate ids). --ca-bundle, --netrc and --wheelhouse are bound for %post and %test at the paths
 the file reads them from (its %setup makes those bind points), never copied into the image.
-Without the binary, the command it would run is part of the message."""
+Without the binary, the command it would run is part of the message.
+
+Another architecture's image (arch: aarch64 on an x86_64 machine): `--arch arm64` (Apptainer
+otherwise takes the machine's own image of a multi-arch base: run here, a `Bootstrap: docker` base
+with amd64 and arm64 images gave an amd64 .sif without it), %post and %test under QEMU (checked
+first: emulation.py), and the .sif's root file system read back: its architecture must be the
+spec's."""
 
 from __future__ import annotations
 
@@ -19,7 +25,9 @@ import tarfile
 import time
 from pathlib import Path
 
+from .. import emulation
 from ..errors import CheckFailed, EnvbuilderError
+from ..sif import layout
 from ..render.apptainer import ARCHIVES, archive_commands, archive_name
 from ..render.common import CA_SECRET, NETRC_SECRET, WHEELHOUSE
 from .context import check_inputs
@@ -53,6 +61,9 @@ def apptainer_command(output, opts: BuildOptions, binary: str = "apptainer", fak
     """The header's command line, with the binds the options ask for (sources made absolute);
     --notest where %test cannot pass here (a GPU image built on a machine without a GPU)."""
     cmd = [binary, "build", "--force"] + (["--fakeroot"] if fakeroot else []) + (["--notest"] if notest else [])
+    arch = output.stack.spec.target_arch
+    if arch != emulation.machine():
+        cmd += ["--arch", emulation.OCI_NAME.get(arch, arch)]
     for source, target in ((opts.wheelhouse, WHEELHOUSE), (opts.ca_bundle, CA_SECRET), (opts.netrc, NETRC_SECRET)):
         if source:
             cmd += ["--bind", f"{Path(source).resolve()}:{target}:ro"]
@@ -156,6 +167,8 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
                           f"on a machine that has it, run: {_shown(folder, cmd)}")
     if uid != 0:
         check_unprivileged(uid, pwd.getpwuid(uid).pw_name)
+    arch = output.stack.spec.target_arch
+    emulation.require_runnable(arch, "arch", f"apptainer build ({arch} image: %post and %test)")
     log_path = folder / LOG_NAME
     started = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
@@ -167,9 +180,26 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
                           + _last_lines(log_path), f"the full log is {log_path}")
     sif = folder / cmd[-2]
     size, seconds = sif.stat().st_size, time.monotonic() - started
+    built_arch = check_sif_arch(sif, arch)
     if not opts.quiet:
         tested = ("%test: not run, no GPU here; on a GPU node: apptainer test " + sif.name) if notest else \
             "%test: the smoke suite passed"
-        print(f"built {sif} ({size / 1e6:.0f} MB) in {seconds:.0f} s ({tested}); log {log_path}")
+        print(f"built {sif} ({size / 1e6:.0f} MB, {built_arch}) in {seconds:.0f} s ({tested}); log {log_path}")
     return {"engine": "apptainer", "sif": str(sif), "size_bytes": size, "build_seconds": round(seconds, 1),
-            "log": str(log_path)}
+            "arch": built_arch, "log": str(log_path)}
+
+
+def check_sif_arch(sif: Path, arch: str) -> str:
+    """The .sif just built holds an ARCH root file system (its Go name returned); else CheckFailed."""
+    want = emulation.OCI_NAME.get(arch, arch)
+    try:
+        found = layout.root_arch(sif)
+    except (OSError, layout.NotSif) as err:
+        raise CheckFailed("apptainer build", f"the .sif it wrote cannot be read back: {err}",
+                          f"build it again; the log is {sif.parent / LOG_NAME}") from None
+    if found != want:
+        raise CheckFailed("apptainer build", f"{sif} holds an {found} root file system, but the spec's arch is "
+                          f"{arch} ({want}): the base gave Apptainer its {found} image",
+                          f"give a base that has a {want} image (a multi-arch one, or one built for {want}) "
+                          f"and build with --arch {want}")
+    return found

@@ -6,6 +6,7 @@ from dataclasses import replace
 import posixpath
 import re
 
+from ..emulation import OCI_NAME
 from ..plan.image import Copy, Plan, Stage, Step
 from ..quoting import apptainer_export, apptainer_line, apptainer_text, image_ref, oci_runscript, shell_words
 from .common import CA_SECRET, NETRC_SECRET, WHEELHOUSE, export_line, header, network_setup
@@ -132,9 +133,14 @@ def _stages_from_images(plan: Plan) -> Plan:
 
 def render_apptainer(plan: Plan, spec_sha: str) -> str:
     plan = _stages_from_images(plan)
+    arch = plan.expect.get("arch", "x86_64")
+    oci = OCI_NAME.get(arch, arch)
     out = header("#", f"Apptainer/Singularity definition file for {plan.name}", spec_sha, [
         "",
-        f"Build:  apptainer build {plan.name}.sif Apptainer.def   (runs %test: the smoke suite)",
+        *([f"Build:  apptainer build {plan.name}.sif Apptainer.def   (runs %test: the smoke suite)"] if arch == "x86_64" else [
+            f"Build:  apptainer build --arch {oci} {plan.name}.sif Apptainer.def   (runs %test: the smoke suite)",
+            f"  ({arch} image: --arch {oci} takes a multi-arch base's {oci} image, where Apptainer would take",
+            "  the build machine's own; on an x86_64 machine %post and %test run under QEMU: qemu-user-static)"]),
         "  (unprivileged, Apptainer builds with --fakeroot: the site must allow user namespaces,",
         "  subordinate ids in /etc/subuid and /etc/subgid, and /dev/fuse)",
         *(["  %test checks the GPU: on a machine without one add --notest, then on a GPU node:",
@@ -144,7 +150,8 @@ def render_apptainer(plan: Plan, spec_sha: str) -> str:
         "    (or put them in ./wheelhouse/: copied into the build stage only)",
         f"  a TLS-intercepting proxy's CA:     --bind /etc/ssl/certs/ca-certificates.crt:{CA_SECRET}:ro",
         f"  a private pip index's login:       --bind NETRC_FILE:{NETRC_SECRET}:ro",
-        f"  e.g. apptainer build --bind /etc/ssl/certs/ca-certificates.crt:{CA_SECRET}:ro {plan.name}.sif Apptainer.def",
+        f"  e.g. apptainer build{'' if arch == 'x86_64' else ' --arch ' + oci} --bind "
+        f"/etc/ssl/certs/ca-certificates.crt:{CA_SECRET}:ro {plan.name}.sif Apptainer.def",
         *_archive_lines(plan),
     ])
     multi = len(plan.stages) > 1

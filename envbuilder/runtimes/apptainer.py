@@ -8,7 +8,9 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
+from .. import emulation
 from ..errors import EnvbuilderError
+from ..sif import layout
 from ..paths import SUITE_MODULE, VERIFY_MANIFEST
 from .base import Launch, Runtime
 
@@ -20,6 +22,20 @@ def apptainer_argv(image: str, suite: list[str], *, manifest_path: Path | None =
     if manifest_path:
         argv += ["--bind", f"{manifest_path}:{VERIFY_MANIFEST}:ro"]
     return argv + [image, python, "-m", SUITE_MODULE] + suite
+
+
+def check_runnable_here(image: Path) -> None:
+    """A .sif of another architecture (an arm64 image on an x86_64 machine) runs only under QEMU:
+    refused by name before Apptainer starts where this machine has no emulation for it (Apptainer's
+    own refusal names neither the cause nor the fix). A sandbox folder or an unreadable file is
+    left to Apptainer."""
+    try:
+        found = layout.root_arch(image)
+    except (OSError, layout.NotSif):
+        return
+    arch = emulation.UNAME_OF.get(found)
+    if arch:
+        emulation.require_runnable(arch, "--image", f"{image} ({found})")
 
 
 class Apptainer(Runtime):
@@ -59,6 +75,7 @@ class Apptainer(Runtime):
         if not os.path.exists(t.image):
             raise EnvbuilderError("--image", f"{t.image} does not exist",
                                   "build it: apptainer build IMAGE.sif Apptainer.def (or give --image)")
+        check_runnable_here(Path(t.image))
         yield Launch(argv, env)
 
     def job_bind_args(self):

@@ -141,3 +141,13 @@ def arch_name(code: str) -> str:
     """The partition's arch field holds siftool's number as text ("02"): its Go name."""
     by_number = {n: name for name, n in PART_ARCH.items()}
     return by_number.get(int(code), code) if code.isdigit() else code
+
+
+def root_arch(path: Path) -> str:
+    """The architecture of a SIF's root file system (its primary partition), as Go names it
+    (amd64, arm64): what Apptainer holds against the machine before it runs the image."""
+    _header, descriptors = read(path)
+    part = primary_partition(descriptors)
+    if part is None:
+        raise NotSif(f"{path} holds no root file system (no primary system partition)")
+    return arch_name(part.arch)

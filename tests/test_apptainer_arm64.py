@@ -15,14 +15,16 @@ The whole aarch64 preset built by Apptainer and verified with 2 ranks is a long 
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from apptainer_build import BUILDER_UID, chown_tree
-from infra import (APPTAINER_NODE, REGISTRY, docker_cli, require_apptainer_node, require_binary,
+from apptainer_build import BUILDER_UID, apptainer_build, chown_tree
+from conftest import run_envbuilder
+from infra import (APPTAINER_NODE, REGISTRY, docker_cli, long_build, require_apptainer_node, require_binary,
                    require_registry)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,3 +154,32 @@ def test_without_emulation_build_and_verify_stop_by_name(tmp_path):
     assert v.returncode == 2, v.stdout[-2000:] + v.stderr[-2000:]
     assert f"--image: {tmp_path / 'tiny.sif'} (arm64) runs aarch64 programs, {NO_EMULATION}" in v.stderr, v.stderr
     assert "Traceback" not in v.stderr
+
+
+@long_build
+def test_the_aarch64_ddp_preset_built_by_apptainer_and_verified_with_two_ranks(tmp_path):
+    """cpu-torch-ddp-aarch64 locked, then built by the real Apptainer as the unprivileged user
+    (%post and %test under QEMU), its .sif's root file system arm64, verified with 2 ranks under
+    Apptainer (docs/aarch64.md has the figures: tens of minutes)."""
+    require_arm64_and_emulation()
+    lockdir = tmp_path / "lock"
+    r = run_envbuilder("lock", str(ROOT / "recipes/cpu-torch-ddp-aarch64.yaml"), "--out", str(lockdir), timeout=900)
+    assert r.code == 0, r.err[-3000:]
+    out, b, _seconds = apptainer_build(ROOT / "recipes/cpu-torch-ddp-aarch64.yaml", lockdir / "envbuilder.lock",
+                                       tmp_path / "work")
+    sif = out / "cpu-torch-ddp-aarch64.sif"
+    try:
+        assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
+        assert f"built {sif} (" in b.stdout and ", arm64) in " in b.stdout, b.stdout
+        assert "(%test: the smoke suite passed)" in b.stdout, b.stdout
+        log = (out / "apptainer-build.log").read_text()
+        assert " --arch arm64 " in log.splitlines()[0], log.splitlines()[0]
+        report = out / "report.json"
+        v = node("python", "-m", "envbuilder", "verify", str(out), "--image", str(sif), "--runtime", "apptainer",
+                 "--ranks", "2", "--report", str(report), mounts=(tmp_path / "work",), timeout=3600)
+        assert v.returncode == 0, v.stdout[-3000:] + v.stderr[-3000:]
+        checks = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
+        assert checks["versions.arch"]["status"] == "pass" and checks["versions.arch"]["figure"] == "aarch64"
+        assert checks["dist.init[torch]"]["status"] == "pass", checks["dist.init[torch]"]
+    finally:
+        sif.unlink(missing_ok=True)

@@ -7,9 +7,10 @@ shows the container as a login node with QEMU shows it; --no-binfmt: a machine w
   the .sif's root file system is arm64 and its programs say aarch64; the same build without
   `--arch` (the command for an x86_64 spec) gives an amd64 .sif, which envbuilder's check of the
   built .sif refuses for the aarch64 spec.
-- Without emulation, `envbuilder build --engine apptainer` of an aarch64 spec and `envbuilder
-  verify --runtime apptainer` of an arm64 .sif stop before Apptainer starts, exit 2, naming the
-  cause and the fix.
+- envbuilder's own SIF writer gives an arm64 image a .sif Apptainer reads as arm64 and runs.
+  Without emulation, `envbuilder build --engine apptainer` of an aarch64 spec and `envbuilder
+  verify --runtime apptainer` of that .sif stop before Apptainer starts, exit 2, naming the cause
+  and the fix.
 The whole aarch64 preset built by Apptainer and verified with 2 ranks is a long build
 (tests/test_aarch64_build.py)."""
 
@@ -128,16 +129,23 @@ def test_a_multiarch_base_gives_the_specs_arch_and_the_check_catches_the_other(t
     assert "--arch arm64" in err.value.fix
 
 
-def test_without_emulation_build_and_verify_stop_by_name(tmp_path):
+def test_envbuilders_arm64_sif_runs_under_apptainer_and_without_emulation_build_and_verify_stop(tmp_path):
     require_arm64_and_emulation()
     out = tmp_path / "out"
-    out.mkdir()
-    (tmp_path / "tiny.def").write_text(f"Bootstrap: docker-daemon\nFrom: {ARM64_BASE}\n")
+    r = run_envbuilder("build", str(ROOT / "recipes/cpu-torch-ddp-aarch64.yaml"), "--no-build", "--out", str(out))
+    assert r.code == 0, r.err
+    # envbuilder's own SIF writer (no Apptainer) on the arm64 base: Apptainer reads arm64 and runs it
+    r = run_envbuilder("sif", str(out), "--image", ARM64_BASE, timeout=300)
+    assert r.code == 0, r.err
+    sif = out / "cpu-torch-ddp-aarch64.sif"
     chown_tree(tmp_path, BUILDER_UID)
-    # an arm64 .sif to verify, made where emulation is shown (no %post: nothing runs under QEMU)
-    made = node("apptainer", "build", "--fakeroot", "--arch", "arm64", str(tmp_path / "tiny.sif"),
-                str(tmp_path / "tiny.def"), mounts=(tmp_path,))
-    assert made.returncode == 0, made.stderr[-2000:]
+    seen = node("sh", "-c", 'apptainer sif header "$1" && apptainer exec "$1" uname -m', "sh", str(sif),
+                mounts=(tmp_path,))
+    assert seen.returncode == 0, seen.stderr
+    assert "Primary Architecture: arm64" in seen.stdout and seen.stdout.rstrip().endswith("aarch64"), seen.stdout
+    # the same .sif where Apptainer's own refusal names neither cause nor fix
+    bare = node("apptainer", "exec", str(sif), "true", mounts=(tmp_path,), flags=("--no-binfmt",))
+    assert bare.returncode != 0 and "the image's architecture (arm64) could not run on the host's (amd64)" in bare.stderr
 
     b = node("python", "-m", "envbuilder", "build", str(ROOT / "recipes/cpu-torch-ddp-aarch64.yaml"),
              "--out", str(out), "--engine", "apptainer", mounts=(tmp_path,), flags=("--no-binfmt",))
@@ -146,13 +154,13 @@ def test_without_emulation_build_and_verify_stop_by_name(tmp_path):
     assert ("arch: apptainer build (aarch64 image: %post and %test) runs aarch64 programs, "
             + NO_EMULATION) in b.stderr, b.stderr
     assert "qemu-user-static and binfmt-support" in b.stderr
-    assert (out / "Apptainer.def").is_file()           # the files are written; Apptainer never started
-    assert not (out / "apptainer-build.log").exists()
+    assert not (out / "apptainer-build.log").exists()          # Apptainer never started
+    assert sif.is_file()                                         # nothing written before is lost
 
-    v = node("python", "-m", "envbuilder", "verify", str(out), "--image", str(tmp_path / "tiny.sif"),
+    v = node("python", "-m", "envbuilder", "verify", str(out), "--image", str(sif),
              "--runtime", "apptainer", "--ranks", "2", mounts=(tmp_path,), flags=("--no-binfmt",))
     assert v.returncode == 2, v.stdout[-2000:] + v.stderr[-2000:]
-    assert f"--image: {tmp_path / 'tiny.sif'} (arm64) runs aarch64 programs, {NO_EMULATION}" in v.stderr, v.stderr
+    assert f"--image: {sif} (arm64) runs aarch64 programs, {NO_EMULATION}" in v.stderr, v.stderr
     assert "Traceback" not in v.stderr
 
 

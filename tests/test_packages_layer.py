@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from apptainer_build import apptainer_build, in_apptainer_node
 from conftest import run_envbuilder
-from infra import base_image, docker_cli, require_docker, wheelhouse
+from infra import base_image, docker_cli, long_build, require_docker, wheelhouse
 
 SPEC = """\
 name: packages-layer
@@ -134,3 +135,34 @@ def test_compare_reads_the_packages_folder_and_names_the_changed_pin(two_builds)
     data = json.loads(r.out)["compare"]["python"]
     assert (data["only_a"], data["only_b"]) == (["six==1.16.0"], ["six==1.17.0"]), data
     assert data["same"] > 10                                 # torch and its dependencies, tqdm, MarkupSafe
+
+
+@long_build
+def test_apptainer_builds_the_packages_group_into_the_same_environment(two_builds, tmp_path):
+    """The definition file folds the packages stage into devel and copies /opt/packages into the
+    final stage: the second build's lock built by the real Apptainer (unprivileged), its .sif
+    holding the same Python and OS packages as the Docker image (`envbuilder compare`), the
+    packages group winning in it as in the Docker image, verify (one rank) passing under Apptainer."""
+    (_, after), out, _, _ = two_builds
+    work = tmp_path / "work"
+    work.mkdir()
+    spec = work / "packages-layer.yaml"                  # where the user builder reads it
+    spec.write_text((out.parent / "spec.yaml").read_text())
+    built, b, seconds = apptainer_build(spec, out / "envbuilder.lock", work, "--wheelhouse", wheelhouse())
+    sif = built / "packages-layer.sif"
+    try:
+        assert b.returncode == 0, b.stdout[-3000:] + b.stderr[-3000:]
+        assert "(%test: the smoke suite passed)" in b.stdout, b.stdout
+        probe = in_apptainer_node([str(work)], "apptainer", "exec", str(sif), "python", "-c", PROBE)
+        assert probe.returncode == 0, probe.stderr[-2000:]
+        seen = json.loads(probe.stdout.strip().splitlines()[-1])
+        assert seen["six"][:2] == ["1.17.0", "1.17.0"] and seen["six"][2].startswith("/opt/packages/")
+        assert seen["markupsafe"][:2] == ["2.1.3", "2.1.3"] and seen["markupsafe"][2].startswith("/opt/packages/")
+        assert seen["path"].index("/opt/packages") < seen["path"].index(SITE)
+        assert seen["tqdm"] == ["/opt/packages/bin/tqdm", "4.66.4"]
+        c = run_envbuilder("compare", str(sif), after, timeout=900)
+        assert c.code == 0, c.out[-3000:] + c.err[-3000:]
+        assert "Python packages: the same (" in c.out and "OS packages (dpkg): the same (" in c.out, c.out
+        print(f"\napptainer build of the packages group: {seconds:.0f} s, {sif.stat().st_size / 1e6:.0f} MB")
+    finally:
+        sif.unlink(missing_ok=True)

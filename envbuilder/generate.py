@@ -73,15 +73,26 @@ def locked_stack(spec: Spec, lock: Lock | None = None) -> Stack:
     return stack
 
 
+TARGET_WRITING = {"Dockerfile": "docker", "Apptainer.def": "apptainer"}   # a build file: its target
+
+
+def recipe_files(targets) -> set[str]:
+    """The build files a spec's targets have written: the Dockerfile for docker (and for sif: the
+    SIF is made from the Docker image), Apptainer.def for apptainer."""
+    return ({"Dockerfile"} if {"docker", "sif"} & set(targets) else set()) | \
+        ({"Apptainer.def"} if "apptainer" in targets else set())
+
+
 def files_for(stack: Stack) -> Output:
     """The output folder's files for a stack (its lock already checked: locked_stack)."""
     spec, lock = stack.spec, stack.lock
     plan = assemble(stack)
     sha = spec.sha256()
     recipes: dict[str, bytes] = {}
-    if "docker" in spec.targets or "sif" in spec.targets:    # the SIF is made from the Docker image
+    wanted = recipe_files(spec.targets)
+    if "Dockerfile" in wanted:
         recipes["Dockerfile"] = render_dockerfile(plan, sha).encode()
-    if "apptainer" in spec.targets:
+    if "Apptainer.def" in wanted:
         recipes["Apptainer.def"] = render_apptainer(plan, sha).encode()
     job = plan_job(stack)
     recipes["job.sbatch"] = render_sbatch(job).encode()

@@ -50,6 +50,22 @@ def _check_sif_request(req: BuildRequest) -> None:
                               f"leave out --sif, or build with --engine {', '.join(others)} or {last}")
 
 
+def _check_engine_file(req: BuildRequest, targets) -> None:
+    """The engine's build file must be one the spec's targets write (else the engine would start
+    and find no file): refused before anything is written."""
+    from .generate import TARGET_WRITING, recipe_files
+
+    engine = ENGINES[req.opts.engine]
+    if req.no_build or engine.builds_from in recipe_files(targets):
+        return
+    want = TARGET_WRITING[engine.builds_from]
+    others = sorted(n for n, e in ENGINES.items() if e.builds_from in recipe_files(targets))
+    raise EnvbuilderError("targets", f"--engine {engine.name} builds {engine.builds_from}, which the spec's "
+                          f"targets: [{', '.join(targets)}] do not write",
+                          f"add {want} to the spec's targets (targets: [{', '.join([*targets, want])}])"
+                          + (f", or build with --engine {' or '.join(others)}" if others else ""))
+
+
 def make_sif_of(folder: Path, image: dict, opts: BuildOptions) -> dict:
     """The .sif of the image just built: from the Docker engine, or from the OCI archive that
     buildah/podman write (no Docker needed on that path)."""
@@ -175,6 +191,7 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
 
     spec = apply_job_options(load_spec(req.spec), site=req.site, runtime=req.runtime, sweep=list(req.sweep))
     _check_sif_request(req)
+    _check_engine_file(req, spec.targets)
     from .engines import check_push
 
     check_push(req.opts)

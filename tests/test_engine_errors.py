@@ -298,3 +298,27 @@ def test_a_gpu_images_test_is_left_to_a_gpu_node_where_the_build_machine_has_non
                        "Apptainer.def"]
     cpu = generate(load_spec(RECIPES / "cpu-torch-ddp.yaml"))
     assert "--notest" not in "".join(cpu.files["Apptainer.def"].decode().split("\nBootstrap:", 1)[0])
+
+
+def test_an_engine_whose_build_file_the_targets_do_not_write_is_refused_first(cli, tmp_path):
+    """--engine apptainer builds Apptainer.def, the others the Dockerfile: a spec whose targets do
+    not write that file is refused by name before anything is written (Apptainer started anyway
+    once, in a test, and failed on `open Apptainer.def: no such file or directory`)."""
+    text = "\n".join(line for line in (RECIPES / "cpu-torch-ddp.yaml").read_text().splitlines()
+                     if not line.startswith("targets:")) + "\n"
+    for targets, engine, said in (
+            ("[docker]", "apptainer", "--engine apptainer builds Apptainer.def, which the spec's targets: [docker] "
+             "do not write\n  fix: add apptainer to the spec's targets (targets: [docker, apptainer]), or build "
+             "with --engine buildah or docker or podman"),
+            ("[apptainer]", "podman", "--engine podman builds Dockerfile, which the spec's targets: [apptainer] do "
+             "not write\n  fix: add docker to the spec's targets (targets: [apptainer, docker]), or build with "
+             "--engine apptainer")):
+        spec = tmp_path / f"{engine}.yaml"
+        spec.write_text(text + f"targets: {targets}\n")
+        out = tmp_path / f"out-{engine}"
+        r = cli("build", str(spec), "--out", str(out), "--engine", engine)
+        assert r.code == 2 and f"error: targets: {said}" in r.err, r.err
+        assert not out.exists() and "Traceback" not in r.err
+    # [sif] writes the Dockerfile (the SIF is made from the Docker image): --no-build is never refused
+    spec.write_text(text + "targets: [sif]\n")
+    assert cli("build", str(spec), "--out", str(tmp_path / "nb"), "--engine", "apptainer", "--no-build").code == 0

@@ -25,7 +25,7 @@ description: torch 2.13 (CPU) with packages, for the packages-layer test
 base: local/debian:bookworm
 framework: {{name: pytorch, version: "2.13.0+cpu"}}
 python: "3.11"
-targets: [docker]
+targets: [docker, apptainer]
 packages:
   pip: [six=={six}, MarkupSafe==2.1.3, tqdm==4.66.4]
 """

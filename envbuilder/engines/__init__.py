@@ -30,6 +30,7 @@ class Engine:
     oci_archive: bool = False     # writes an OCI archive of its image (the SIF's source without Docker)
     writes_sif: bool = False      # its product is the .sif itself (no separate SIF step)
     pushes: bool = False          # push(info, ref): the built image to a registry, by digest (build --push)
+    builds_from: str = "Dockerfile"   # the output folder's file it builds (the spec's targets write it)
 
     def build(self, folder: Path, output, opts: BuildOptions) -> dict:
         return import_module(f"{__name__}.{self.module}").build(folder, output, opts)
@@ -39,7 +40,7 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
     Engine("docker", "docker", resolves_lock=True, needs_daemon=True, pushes=True),
     Engine("buildah", "buildah", resolves_lock=True, storage_root=True, oci_archive=True),
     Engine("podman", "buildah", resolves_lock=True, storage_root=True, oci_archive=True),
-    Engine("apptainer", "apptainer", resolves_lock=False, writes_sif=True),
+    Engine("apptainer", "apptainer", resolves_lock=False, writes_sif=True, builds_from="Apptainer.def"),
 )}
 
 

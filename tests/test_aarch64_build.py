@@ -1,4 +1,4 @@
-"""aarch64 CPU images built for real on this x86_64 machine (issue 37 item 2): the arm64 Debian
+"""aarch64 images (CPU, and the GH200 GPU preset verified with --no-gpu) built for real on this x86_64 machine (issue 37 item 2): the arm64 Debian
 base (.ci/make-base-image.sh --arch arm64), every RUN step under qemu-user (binfmt_misc), then
 `envbuilder verify` with 2 ranks in the image, also under emulation. What the user sees is
 asserted: the exit codes, the image's Architecture (arm64) as the engine records it, the verify
@@ -121,5 +121,41 @@ def test_horovod_preset_builds_and_verifies_with_two_ranks_under_emulation(tmp_p
     try:
         checks = assert_aarch64_image(out, info, tmp_path)
         assert checks["versions.horovod"]["status"] == "pass"
+    finally:
+        docker("rmi", "-f", info["tag"], check=False)
+
+
+# --- the GPU preset for Grace Hopper (GH200): CUDA 13.2 from PyPI's aarch64 wheels ------------------
+
+@long_build
+def test_gh200_preset_builds_and_verifies_without_gpu_under_emulation(tmp_path_factory, tmp_path):
+    # about 30-40 minutes here (docs/aarch64.md): 3 GB of NVIDIA wheels unpacked under qemu
+    out = tmp_path_factory.mktemp("aarch64") / "torch215-ddp-pypi-aarch64"
+    info = build("torch215-ddp-pypi-aarch64", out)
+    try:
+        assert image_arch(info["tag"]) == "arm64"
+        # the lock: every binary wheel aarch64 (NVIDIA's sbsa builds), none x86_64
+        lock = json.loads((out / "envbuilder.lock").read_text())
+        files = [e["file"] for group in lock["pip"].values() for e in group]
+        binary = [f for f in files if not f.endswith("-none-any.whl")]
+        assert binary and all("aarch64" in f for f in binary), files
+        assert "torch-2.15.0-cp311-cp311-manylinux_2_28_aarch64.whl" in files    # PyPI's CUDA build
+        assert "nvidia_nccl_cu13-2.30.7-py3-none-manylinux_2_18_aarch64.whl" in files
+        assert "nvidia_cudnn_cu13-9.26.0.51-py3-none-manylinux_2_27_aarch64.whl" in files
+        # verify without a GPU, 2 ranks over Gloo, all under emulation
+        report = tmp_path / "report.json"
+        r = run_envbuilder("verify", str(out), "--image", info["tag"], "--runtime", "docker", "--ranks", "2",
+                           "--no-gpu", "--report", str(report), timeout=3600)
+        assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+        checks = checks_of(report)
+        assert checks["versions.arch"]["status"] == "pass" and checks["versions.arch"]["figure"] == "aarch64"
+        # the CUDA stack read from the aarch64 libraries themselves
+        assert checks["versions.cuda_runtime"]["figure"] == "13.2", checks["versions.cuda_runtime"]
+        assert checks["versions.cudnn_library"]["figure"].startswith("9.26.0"), checks["versions.cudnn_library"]
+        assert checks["versions.nccl_library"]["figure"] == "2.30.7", checks["versions.nccl_library"]
+        assert checks["versions.cuda_arch"]["status"] == "pass", checks["versions.cuda_arch"]   # sm_90 for GH200
+        assert checks["dist.init[torch]"]["status"] == "pass"
+        assert checks["gpu.visible"]["status"] == "skip"
+        assert json.loads(report.read_text())["gpu_checks"] == "left out"
     finally:
         docker("rmi", "-f", info["tag"], check=False)

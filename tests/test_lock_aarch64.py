@@ -164,3 +164,46 @@ def test_horovod_requirements_take_a_psutil_with_aarch64_wheels():
     assert "psutil==6.0.0" in horovod.requirements(st) and "psutil==5.9.8" not in horovod.requirements(st)
     got = pip_.resolve({"packages": ["psutil==6.0.0"]}, AARCH64)
     assert got["packages"][0]["file"].endswith("manylinux2014_aarch64.whl")
+
+
+# --- the GH200 preset (torch215-ddp-pypi-aarch64): PyPI's CUDA build for aarch64 ---------------
+
+def test_aarch64_cuda_torch_locks_aarch64_wheels_only():
+    # about 60 s: torch 2.15.0 and its 20-odd NVIDIA wheels for aarch64 (the sbsa builds), no x86_64
+    got = pip_.resolve({"packages": ["torch==2.15.0"]}, AARCH64)
+    files = [e["file"] for e in got["packages"]]
+    binary = [f for f in files if not f.endswith("-none-any.whl")]
+    assert binary and all("aarch64" in f for f in binary), files
+    assert "torch-2.15.0-cp311-cp311-manylinux_2_28_aarch64.whl" in files
+    assert "nvidia_nccl_cu13-2.30.7-py3-none-manylinux_2_18_aarch64.whl" in files
+    assert "nvidia_cudnn_cu13-9.26.0.51-py3-none-manylinux_2_27_aarch64.whl" in files
+
+
+def test_aarch64_cuda_arch_list_is_the_aarch64_wheels_own():
+    # the manifest's cuda_arch (verify's versions.cuda_arch, Horovod's CC list) came from pypi_cuda's
+    # x86_64 list (sm_75..120, no sm_110); the aarch64 wheels carry sm_80, 90, 100, 110, 120 + PTX
+    from envbuilder.plan.components.cuda import cuda_archs
+
+    def archs(cc: str) -> list[str] | None:
+        return cuda_archs(_stack("2.15.0", cuda={"version": "13.2", "source": "pypi", "compute_capability": cc}))
+
+    assert archs("9.0") == ["9.0", "10.0", "11.0", "12.0"]                  # GH200
+    assert archs("10.0") == ["10.0", "11.0", "12.0"]                       # GB200
+    assert archs("8.6") == ["8.0", "9.0", "10.0", "11.0", "12.0"]          # sm_80's cubin serves 8.6
+
+
+def test_gh200_preset_manifest_and_job_carry_the_aarch64_arch_list():
+    root = Path(__file__).resolve().parents[1] / "images" / "torch215-ddp-pypi-aarch64"
+    expect = json.loads((root / "manifest.json").read_text())["expect"]
+    assert expect["arch"] == "aarch64" and expect["cuda_arch"] == ["9.0", "10.0", "11.0", "12.0"]
+    assert expect["cuda"] == "13.2" and expect["nccl"] == "2.30.7"
+    assert "local archs='8.0 9.0 10.0 11.0 12.0' ptx=12.0" in (root / "job.sbatch").read_text()
+
+
+def test_gh200_facts_name_their_sources():
+    from envbuilder.compat.catalog import load_catalog
+
+    cat = load_catalog()
+    gh200 = cat.data["gpus"]["gh200"]
+    assert gh200["cc"] == "9.0" and gh200["arch"] == "aarch64"
+    assert gh200["sources"] and set(gh200["sources"]) <= set(cat.sources)

@@ -186,6 +186,18 @@ def test_a_hung_suite_is_stopped_by_the_outer_timeout(tmp_path):
     assert o.wall_s < 15
 
 
+def test_a_suite_hung_after_a_qemu_crash_is_stopped_early(monkeypatch):
+    # torch 2.15's aarch64 wheel under qemu-user 7.2: the crash line, then the process hangs
+    # (docs/aarch64.md); verify stops it after the grace period, not the whole timeout
+    monkeypatch.setattr(runner, "EMULATION_CRASH_GRACE_S", 1.0)
+    code = ("import sys, time; sys.stderr.write('qemu: uncaught target signal 11 (Segmentation fault) "
+            "- core dumped\\n'); sys.stderr.flush(); time.sleep(60)")
+    o = runner.execute([sys.executable, "-c", code], timeout=120, echo_stderr=False)
+    assert o.report is None and not o.timed_out and o.wall_s < 15
+    assert "crashed under emulation (qemu: uncaught target signal 11" in o.problem
+    assert "a machine of the image's architecture" in o.problem
+
+
 def test_suite_failure_without_python_framework_gives_exit_1_and_json(tmp_path):
     """Runs on any machine: a manifest asking for another Python fails versions.python."""
     folder = write_manifest(tmp_path / "m", expect={"python": "2.7", "framework": None, "horovod": None})

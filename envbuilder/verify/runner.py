@@ -166,6 +166,13 @@ def parse_report(stdout: str) -> dict | None:
     return None
 
 
+# qemu-user's line when the emulated process takes a fatal signal. A multi-threaded process (torch
+# 2.15's aarch64 wheel on import, qemu 7.2) can then hang instead of exiting; verify stops it once
+# the suite has been silent this long after the line, rather than waiting for the whole timeout.
+EMULATION_CRASH = "qemu: uncaught target signal"
+EMULATION_CRASH_GRACE_S = 60.0
+
+
 def execute(argv: list[str], *, timeout: float, env: dict | None = None,
             on_timeout=None, echo_stderr: bool = True) -> Outcome:
     """Run ARGV; stderr streams through (progress), stdout is captured and parsed."""
@@ -180,11 +187,15 @@ def execute(argv: list[str], *, timeout: float, env: dict | None = None,
     # stderr (the suite's progress lines) streams through live and its tail is kept for the
     # message when no report comes; stdout (the report) is collected
     err_tail: deque = deque(maxlen=40)
+    crash: dict = {}           # the qemu crash line and when the suite last wrote to stderr
 
     def pump_stderr():
         for raw in iter(proc.stderr.readline, b""):
             line = raw.decode("utf-8", "replace")
             err_tail.append(line.rstrip("\n"))
+            crash["last"] = time.time()
+            if EMULATION_CRASH in line:
+                crash["line"] = line.strip()
             if echo_stderr:
                 sys.stderr.write(line)
                 sys.stderr.flush()
@@ -200,10 +211,21 @@ def execute(argv: list[str], *, timeout: float, env: dict | None = None,
     for th in threads:
         th.start()
     timed_out = False
+    hung = False
     try:
-        proc.wait(timeout=timeout)
+        while True:
+            left = timeout - (time.time() - t0)
+            if left <= 0:
+                raise subprocess.TimeoutExpired(argv, timeout)
+            try:
+                proc.wait(timeout=min(left, 1.0))
+                break
+            except subprocess.TimeoutExpired:
+                if "line" in crash and time.time() - crash["last"] > EMULATION_CRASH_GRACE_S:
+                    hung = True
+                    raise
     except subprocess.TimeoutExpired:
-        timed_out = True
+        timed_out = not hung
         if on_timeout:
             on_timeout()
         try:
@@ -226,7 +248,11 @@ def execute(argv: list[str], *, timeout: float, env: dict | None = None,
     o.report = parse_report(text)
     if o.report is None:
         tail = "\n".join((text.strip().splitlines() + [l for l in err_tail if l.strip()])[-15:])
-        if timed_out:
+        if hung:
+            o.problem = (f"the image's Python crashed under emulation ({crash['line']}) and the suite "
+                         f"hung; stopped after {EMULATION_CRASH_GRACE_S:.0f} s of silence: run verify "
+                         "on a machine of the image's architecture (qemu-user cannot run this image)")
+        elif timed_out:
             o.problem = f"the suite did not finish within {timeout:.0f} s and was stopped"
         else:
             o.problem = f"the suite printed no report (exit code {proc.returncode})"

@@ -161,13 +161,25 @@ def cuda_archs(stack: Stack) -> list[str] | None:
     within what the framework's wheels are built for; else all of those."""
     wheels = stack.pypi_cuda or {}
     known = list(wheels.get("arch") or [])
+    if stack.spec.target_arch != "x86_64":
+        # pypi_cuda's `arch` is the x86_64 wheel's list; another machine's wheels carry their own
+        # (catalog arch_lists: torch's aarch64 CUDA 13 builds have sm_80..sm_120 with 11.0, no 7.5/8.6)
+        from ...compat.finding import context_for
+        from ...compat.rules_gpu import arch_list
+
+        found = arch_list(stack.spec, context_for(stack.spec, stack.catalog))
+        known = list(found[0]) if found else []
     cc = stack.spec.cuda.compute_capability if stack.spec.cuda else None
     if not known:
         return [cc] if cc else None
     if cc:
-        from ...versions import cmp
+        from ...versions import cmp, major
 
-        return [a for a in known if cmp(a, cc) >= 0] or [cc]
+        # the cubin a GPU of this cc runs: the newest of its major at or below it (sm_80 for an
+        # 8.6 GPU on aarch64, whose wheels carry no sm_86), then every newer one
+        serving = [a for a in known if major(a) == major(cc) and cmp(a, cc) <= 0]
+        start = serving[-1] if serving else cc
+        return [a for a in known if cmp(a, start) >= 0] or [cc]
     return known
 
 

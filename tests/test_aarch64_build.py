@@ -62,14 +62,19 @@ def checks_of(report: Path) -> dict:
     return {c["name"]: c for c in json.loads(report.read_text())["checks"]}
 
 
-def assert_aarch64_image(out: Path, info: dict, tmp_path: Path) -> dict:
-    # the engine's record of the image: built for arm64
-    assert image_arch(info["tag"]) == "arm64"
-    # the lock holds aarch64 wheels only (a binary x86_64 wheel would not run)
+def aarch64_wheels_only(out: Path) -> list[str]:
+    """The lock's wheel files, every binary one aarch64 (a binary x86_64 wheel would not run)."""
     lock = json.loads((out / "envbuilder.lock").read_text())
     files = [e["file"] for group in lock["pip"].values() for e in group]
     binary = [f for f in files if not f.endswith("-none-any.whl")]
     assert binary and all("aarch64" in f for f in binary), files
+    return files
+
+
+def assert_aarch64_image(out: Path, info: dict, tmp_path: Path) -> dict:
+    # the engine's record of the image: built for arm64
+    assert image_arch(info["tag"]) == "arm64"
+    files = aarch64_wheels_only(out)
     assert "torch-2.10.0-cp311-cp311-manylinux_2_28_aarch64.whl" in files       # PyPI's CPU build
     assert not [f for f in files if f.startswith(("nvidia_", "cuda_"))], files
     # verify: 2 ranks under emulation, the machine as the image sees it
@@ -134,11 +139,7 @@ def test_gh200_preset_builds_and_verifies_without_gpu_under_emulation(tmp_path_f
     info = build("torch215-ddp-pypi-aarch64", out)
     try:
         assert image_arch(info["tag"]) == "arm64"
-        # the lock: every binary wheel aarch64 (NVIDIA's sbsa builds), none x86_64
-        lock = json.loads((out / "envbuilder.lock").read_text())
-        files = [e["file"] for group in lock["pip"].values() for e in group]
-        binary = [f for f in files if not f.endswith("-none-any.whl")]
-        assert binary and all("aarch64" in f for f in binary), files
+        files = aarch64_wheels_only(out)             # NVIDIA's sbsa builds among them
         assert "torch-2.15.0-cp311-cp311-manylinux_2_28_aarch64.whl" in files    # PyPI's CUDA build
         assert "nvidia_nccl_cu13-2.30.7-py3-none-manylinux_2_18_aarch64.whl" in files
         assert "nvidia_cudnn_cu13-9.26.0.51-py3-none-manylinux_2_27_aarch64.whl" in files

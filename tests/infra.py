@@ -92,6 +92,19 @@ def base_image() -> str:
     return BASE_IMAGE
 
 
+ARM64_BASE = "local/debian:bookworm-arm64"          # .ci/make-base-image.sh --arch arm64
+
+
+def image_arch(ref: str) -> str | None:
+    """The Docker engine's Architecture of image REF (amd64, arm64); None without the image or
+    without a docker CLI."""
+    if not os.path.exists(DOCKER_CLI) and not shutil.which("docker"):
+        return None
+    proc = subprocess.run([DOCKER_CLI, "image", "inspect", "--format", "{{.Architecture}}", ref],
+                          capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
 PLAIN_BASE_IMAGE = os.environ.get("ENVBUILDER_PLAIN_BASE_IMAGE", "local/debian:bookworm-plain")
 
 

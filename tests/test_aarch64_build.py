@@ -21,19 +21,13 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, run_envbuilder
-from infra import _unavailable, docker_cli, long_build, require_docker
+from infra import ARM64_BASE, _unavailable, docker_cli, image_arch, long_build, require_docker
 
-ARM64_BASE = "local/debian:bookworm-arm64"          # .ci/make-base-image.sh --arch arm64
 BINFMT = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
 
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run([docker_cli(), *args], capture_output=True, text=True, check=check)
-
-
-def image_arch(ref: str) -> str | None:
-    proc = docker("image", "inspect", "--format", "{{.Architecture}}", ref, check=False)
-    return proc.stdout.strip() if proc.returncode == 0 else None
 
 
 def require_arm64() -> None:

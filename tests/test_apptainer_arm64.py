@@ -25,11 +25,10 @@ import pytest
 
 from apptainer_build import BUILDER_UID, apptainer_build, chown_tree
 from conftest import run_envbuilder
-from infra import (APPTAINER_NODE, REGISTRY, docker_cli, long_build, require_apptainer_node, require_binary,
+from infra import (APPTAINER_NODE, ARM64_BASE, REGISTRY, docker_cli, image_arch, long_build, require_apptainer_node, require_binary,
                    require_registry)
 
 ROOT = Path(__file__).resolve().parents[1]
-ARM64_BASE = "local/debian:bookworm-arm64"          # .ci/make-base-image.sh --arch arm64
 AMD64_BASE = "local/debian:bookworm"
 INDEX = f"{REGISTRY}/envbuilder-test/debian:bookworm-multiarch"
 NO_EMULATION = "but this machine is x86_64 and binfmt_misc is not mounted"
@@ -50,9 +49,7 @@ def require_arm64_and_emulation() -> None:
     reason = emulation.why_not_runnable("aarch64")
     if reason:
         pytest.skip(f"no arm64 emulation here ({reason}): .ci/make-base-image.sh --arch arm64 sets it up")
-    arch = subprocess.run([docker_cli(), "image", "inspect", "--format", "{{.Architecture}}", ARM64_BASE],
-                          capture_output=True, text=True).stdout.strip()
-    if arch != "arm64":
+    if image_arch(ARM64_BASE) != "arm64":
         pytest.skip(f"needs {ARM64_BASE}: .ci/make-base-image.sh --arch arm64")
     require_apptainer_node()
 

@@ -3,7 +3,6 @@ pin without an aarch64 build refused by name. Reaches PyPI (pip --dry-run --repo
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from envbuilder.errors import EXIT_BAD_INPUT, EnvbuilderError
 from envbuilder.lock import pip as pip_
+from infra import ARM64_BASE, image_arch
 
 AARCH64 = pip_.target("3.11", "2.36", "aarch64")   # Debian 12's Python and glibc
 
@@ -42,7 +42,6 @@ def test_pin_without_aarch64_build_is_refused_by_name():
 
 # --- the whole lock of an `arch: aarch64` spec, in the engine (docker) -------------------------
 
-ARM64_BASE = "local/debian:bookworm-arm64"     # .ci/make-base-image.sh --arch arm64
 SPEC = """\
 name: {name}
 base: {base}
@@ -55,14 +54,6 @@ targets: [docker]
 """
 
 
-def _image_arch(ref: str) -> str | None:
-    if not shutil.which("docker"):
-        return None
-    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Architecture}}", ref],
-                          capture_output=True, text=True)
-    return proc.stdout.strip() if proc.returncode == 0 else None
-
-
 def _lock(tmp_path: Path, base: str) -> subprocess.CompletedProcess:
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.format(name="cpu-tf-aarch64", base=base))
@@ -72,7 +63,7 @@ def _lock(tmp_path: Path, base: str) -> subprocess.CompletedProcess:
 
 
 def test_aarch64_spec_on_an_amd64_base_is_refused(tmp_path):
-    if _image_arch("local/debian:bookworm") != "amd64":
+    if image_arch("local/debian:bookworm") != "amd64":
         pytest.skip("needs docker and local/debian:bookworm (.ci/make-base-image.sh)")
     proc = _lock(tmp_path, "local/debian:bookworm")
     assert proc.returncode == 2, proc.stderr
@@ -83,7 +74,7 @@ def test_aarch64_spec_on_an_amd64_base_is_refused(tmp_path):
 
 def test_aarch64_lock_on_the_arm64_base(tmp_path):
     # about 60 s here: apt's simulation runs under qemu
-    if _image_arch(ARM64_BASE) != "arm64":
+    if image_arch(ARM64_BASE) != "arm64":
         pytest.skip(f"needs {ARM64_BASE}: .ci/make-base-image.sh --arch arm64")
     proc = _lock(tmp_path, ARM64_BASE)
     assert proc.returncode == 0, proc.stderr

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Build the local base image local/debian:bookworm (no registry is reachable here):
+# (and, with --slim, local/debian:bookworm-slim, the recipes' base; see below)
 #   debootstrap --variant=minbase bookworm ROOTFS MIRROR  ->  tar  ->  docker import
 # MIRROR is read from apt's own sources on this machine. Does nothing when the image
 # already exists (pass --force to rebuild). The rootfs is made to look like Docker
@@ -10,6 +11,14 @@
 # caches unless told otherwise), as a site base made by plain debootstrap has it; tagged
 # local/debian:bookworm-plain. The recipes must leave no apt cache on either base.
 #
+# --slim: the same rootfs made like Docker Hub's debian:bookworm-slim, tagged local/debian:bookworm-slim
+# (the recipes' base): Docker Hub's slim variants are debuerreotype's rootfs with its "slimify" step
+# (github.com/debuerreotype/debuerreotype, scripts/debuerreotype-slimify with scripts/.slimify-excludes
+# and .slimify-includes): dpkg path excludes for documentation, manual and info pages, translations,
+# lintian overrides and groff, written to /etc/dpkg/dpkg.cfg.d/docker so later installs leave them out
+# too, and the files of the packages already installed that match them deleted. Kept: each package's
+# copyright file and locale.alias (and the other includes of that list).
+#
 # --arch arm64: the arm64 base local/debian:bookworm-arm64 (issue 37), made under emulation:
 # qemu-user-static + binfmt-support register qemu-aarch64 (binfmt_misc is mounted first when it
 # is not), debootstrap --arch=arm64 runs the second stage through it, and the image config written
@@ -18,15 +27,17 @@
 set -euo pipefail
 
 PLAIN=0
+SLIM=0
 FORCE=0
 ARCH=amd64
 while [ $# -gt 0 ]; do
     case $1 in
         --force) FORCE=1 ;;
         --plain) PLAIN=1 ;;
+        --slim) SLIM=1 ;;
         --arch) shift; ARCH="${1:-}" ;;
         --arch=*) ARCH="${1#--arch=}" ;;
-        *) echo "usage: make-base-image.sh [--force] [--plain] [--arch amd64|arm64]" >&2; exit 2 ;;
+        *) echo "usage: make-base-image.sh [--force] [--plain | --slim] [--arch amd64|arm64]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -34,11 +45,16 @@ case $ARCH in
     amd64|arm64) ;;
     *) echo "make-base-image: --arch $ARCH: amd64 or arm64" >&2; exit 2 ;;
 esac
-if [ "$PLAIN" = 1 ] && [ "$ARCH" != amd64 ]; then
-    echo "make-base-image: --plain is made for amd64 only" >&2; exit 2
+if { [ "$PLAIN" = 1 ] || [ "$SLIM" = 1 ]; } && [ "$ARCH" != amd64 ]; then
+    echo "make-base-image: --plain and --slim are made for amd64 only" >&2; exit 2
+fi
+if [ "$PLAIN" = 1 ] && [ "$SLIM" = 1 ]; then
+    echo "make-base-image: --plain or --slim, not both" >&2; exit 2
 fi
 if [ "$PLAIN" = 1 ]; then
     TAG="${ENVBUILDER_PLAIN_BASE_IMAGE:-local/debian:bookworm-plain}"
+elif [ "$SLIM" = 1 ]; then
+    TAG="${ENVBUILDER_SLIM_BASE_IMAGE:-local/debian:bookworm-slim}"
 elif [ "$ARCH" = arm64 ]; then
     TAG="${ENVBUILDER_ARM64_BASE_IMAGE:-local/debian:bookworm-arm64}"
 else
@@ -129,6 +145,54 @@ echo 'Acquire::GzipIndexes "true";' >"$ROOT/etc/apt/apt.conf.d/docker-gzip-index
 echo 'APT::AutoRemove::SuggestsImportant "false";' >"$ROOT/etc/apt/apt.conf.d/docker-autoremove-suggests"
 fi
 
+# The slim variant: dpkg's path filter for this and later installs, and the installed files it
+# would have left out deleted (dpkg's own rule: shell globs where * matches /, the last match wins).
+if [ "$SLIM" = 1 ]; then
+cat >"$ROOT/etc/dpkg/dpkg.cfg.d/docker" <<'CONF'
+# made like Docker Hub's debian:*-slim (debuerreotype-slimify)
+path-exclude /usr/share/doc/*
+path-exclude /usr/share/groff/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/linda/*
+path-exclude /usr/share/lintian/overrides/*
+path-exclude /usr/share/locale/*
+path-exclude /usr/share/man/*
+path-include /usr/share/doc/*/copyright
+path-include /usr/share/doc/kde/HTML/C/*
+path-include /usr/share/gnome/help/*/C/*
+path-include /usr/share/locale/all_languages
+path-include /usr/share/locale/currency/*
+path-include /usr/share/locale/l10n/*
+path-include /usr/share/locale/languages
+path-include /usr/share/locale/locale.alias
+path-include /usr/share/omf/*/*-C.emf
+CONF
+python3 - "$ROOT" <<'PY'
+import fnmatch, os, sys
+root = sys.argv[1]
+rules = [line.split(None, 1) for line in open(os.path.join(root, "etc/dpkg/dpkg.cfg.d/docker"))
+         if line.startswith("path-")]
+def dropped(path):
+    keep = True
+    for option, glob in rules:
+        if fnmatch.fnmatchcase(path, glob.strip()):
+            keep = option == "path-include"
+    return not keep
+removed = 0
+for top in ("doc", "groff", "info", "linda", "lintian", "locale", "man"):
+    base = os.path.join(root, "usr/share", top)
+    for folder, dirs, files in os.walk(base, topdown=False):
+        for name in files:
+            full = os.path.join(folder, name)
+            if dropped("/" + os.path.relpath(full, root)):
+                os.unlink(full)
+                removed += 1
+        if folder != base and not os.listdir(folder):
+            os.rmdir(folder)
+print(f"make-base-image: slim: {removed} files left out (documentation, manual pages, translations)")
+PY
+fi
+
 # Drop what is machine- or time-specific.
 rm -rf "${ROOT:?}"/var/lib/apt/lists/* "${ROOT:?}"/var/cache/apt/*.bin "${ROOT:?}"/var/cache/apt/archives/*.deb \
        "${ROOT:?}"/var/log/* "${ROOT:?}"/tmp/* "${ROOT:?}"/var/tmp/* "${ROOT:?}"/var/cache/ldconfig/aux-cache \
@@ -172,7 +236,8 @@ config = {
     "rootfs": {"type": "layers", "diff_ids": ["sha256:" + rootfs_sha]},
     "history": [{"created": created,
                  "created_by": f"debootstrap {'--arch=arm64 ' if arch == 'arm64' else ''}--variant=minbase {suite} {mirror}"
-                               + (" (no docker-clean apt settings)" if tag.endswith("-plain") else "")}],
+                               + (" (no docker-clean apt settings)" if tag.endswith("-plain") else "")
+                               + (" (slim: debuerreotype-slimify's dpkg path excludes)" if tag.endswith("-slim") else "")}],
 }
 data = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 name = hashlib.sha256(data).hexdigest() + ".json"

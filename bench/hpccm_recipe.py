@@ -33,7 +33,7 @@ PIP_ENV = ('export PIP_FIND_LINKS=/wheelhouse && '
 PIP = VENV + '/bin/pip install --no-cache-dir'
 
 # ---- devel stage ------------------------------------------------------------------------------
-Stage0 += baseimage(image='local/debian:bookworm', _as='devel', _distro='ubuntu22')  # noqa: F821
+Stage0 += baseimage(image='local/debian:bookworm-slim', _as='devel', _distro='ubuntu22')  # noqa: F821
 Stage0 += python(python2=False, devel=True)  # noqa: F821
 Stage0 += gnu(fortran=False)  # noqa: F821
 Stage0 += packages(ospackages=['ca-certificates', 'cmake', 'make', 'python3-venv',  # noqa: F821
@@ -75,7 +75,7 @@ if extra:
     Stage0 += shell(_arguments=MOUNTS, commands=[PIP_ENV, PIP + ' ' + extra])  # noqa: F821
 
 # ---- runtime stage ----------------------------------------------------------------------------
-Stage1 += baseimage(image='local/debian:bookworm', _distro='ubuntu22')  # noqa: F821
+Stage1 += baseimage(image='local/debian:bookworm-slim', _distro='ubuntu22')  # noqa: F821
 Stage1 += Stage0.runtime()  # noqa: F821  (python3 + python3-dev, gnu runtime libraries)
 Stage1 += packages(ospackages=['ca-certificates', 'libopenmpi3', 'openmpi-bin'])  # noqa: F821
 Stage1 += copy(_from='devel', src=VENV, dest=VENV)  # noqa: F821

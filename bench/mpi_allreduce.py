@@ -46,7 +46,7 @@ CA = "/etc/ssl/certs/ca-certificates.crt"
 SPEC = """\
 name: NAME
 description: MPI from PyPI (test)
-base: local/debian:bookworm
+base: local/debian:bookworm-slim
 framework: {name: pytorch, version: "2.13.0+cpu"}
 python: "3.11"
 mpi: MPI

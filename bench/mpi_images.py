@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 SPEC = """\
 name: mpi-bench-NAME
 description: MPI source figures (bench)
-base: local/debian:bookworm
+base: local/debian:bookworm-slim
 framework: {name: pytorch, version: "2.13.0+cpu"}
 python: "3.11"
 mpi: MPI

@@ -1,7 +1,7 @@
 """`envbuilder sif --archive FILE`: wall time and peak disk use, as root and as a plain user.
 
 The archive is a `docker save` or OCI image archive (e.g. `docker save -o deb.tar
-local/debian:bookworm`). Each run writes into a fresh output folder under /tmp; a sampler adds up
+local/debian:bookworm-slim`). Each run writes into a fresh output folder under /tmp; a sampler adds up
 the blocks of everything in that folder but manifest.json (the hidden work folder: decompressed
 layers, the SquashFS; then the SIF being assembled) every 20 ms and keeps the peak. It prints a
 table: who ran it, wall seconds (best of --runs), peak disk, the SIF's size and the archive's.

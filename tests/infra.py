@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-BASE_IMAGE = os.environ.get("ENVBUILDER_BASE_IMAGE", "local/debian:bookworm")
+BASE_IMAGE = os.environ.get("ENVBUILDER_SLIM_BASE_IMAGE", "local/debian:bookworm-slim")   # .ci/make-base-image.sh --slim
 REQUIRE_ENV = "ENVBUILDER_REQUIRE_ENGINES"
 
 # Debian's docker CLI (20.10) has BuildKit built in. A newer CLI without the buildx
@@ -87,7 +87,7 @@ def base_image() -> str:
         _unavailable(
             f"Base image {BASE_IMAGE}",
             f"{type(exc).__name__}: {exc}",
-            "run .ci/make-base-image.sh",
+            "run .ci/make-base-image.sh --slim",
         )
     return BASE_IMAGE
 

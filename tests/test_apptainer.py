@@ -44,7 +44,7 @@ def built(tmp_path_factory):
     probe = run_envbuilder("build", str(spec), "--no-build", "--out", str(out))
     assert probe.code == 0, probe.err
     save = re.search(r"^#   (docker save \S+ -o (\S+))$", (out / "Apptainer.def").read_text(), re.M)
-    assert save and save.group(2) == "bases/local_debian_bookworm.docker.tar", save
+    assert save and save.group(2) == "bases/local_debian_bookworm-slim.docker.tar", save
     (out / "bases").mkdir()
     subprocess.run([docker_cli(), "save", base_image(), "-o", str(out / save.group(2))], check=True)
     own = work / "own" / "cpu-torch-ddp"     # the same lock, for the Dockerfile's image and envbuilder's .sif

@@ -88,7 +88,7 @@ def test_payload_of_a_virtual_environment(tmp_path):
 def test_a_cold_build_is_one_where_only_the_base_came_from_the_cache():
     bench = _bench()
     log = "\n".join([
-        "#4 [devel 1/5] FROM docker.io/local/debian:bookworm", "#4 CACHED",
+        "#4 [devel 1/5] FROM docker.io/local/debian:bookworm-slim", "#4 CACHED",
         "#7 [devel 2/6] RUN apt-get update", "#7 DONE 80.1s",
         "#9 [devel 4/6] RUN pip install torch", "#9 CACHED",
     ])
@@ -138,7 +138,7 @@ def test_gpu_figures_lists_every_step_with_its_seconds_or_cached():
     finally:
         sys.path.remove(str(ROOT / "bench"))
     log = "\n".join([
-        "#4 [devel 1/8] FROM docker.io/local/debian:bookworm", "#4 CACHED",
+        "#4 [devel 1/8] FROM docker.io/local/debian:bookworm-slim", "#4 CACHED",
         "#12 [devel 7/8] RUN --mount=type=secret,id=ca   export HOROVOD_WITH_MPI=1", "#12 CACHED",
         "#14 [runtime 3/8] COPY --from=devel /opt/venv/lib/python3.11/site-packages/nvidia /opt/venv/x",
         "#14 sha256:871317f9d343", "#14 CACHED",

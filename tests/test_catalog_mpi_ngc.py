@@ -27,7 +27,7 @@ CONSTRAINT = "/etc/pip/constraint.txt"
 MPICH = """\
 name: cpu-torch-mpich
 description: PyTorch CPU + Horovod over MPICH
-base: local/debian:bookworm
+base: local/debian:bookworm-slim
 framework: {name: pytorch, version: "2.13.0+cpu"}
 python: "3.11"
 mpi: {flavor: mpich, version: "VERSION", pmi: pmi2}
@@ -39,7 +39,7 @@ cluster: {nodes: 1, ntasks_per_node: 2, cpus_per_task: 1, time: "00:10:00"}
 OMPI5 = """\
 name: cpu-torch-ompi5
 description: PyTorch CPU + Horovod over Open MPI 5
-base: local/debian:bookworm
+base: local/debian:bookworm-slim
 framework: {name: pytorch, version: "2.13.0+cpu"}
 python: "3.11"
 mpi: {flavor: openmpi, version: "5.0.10", pmi: pmix}

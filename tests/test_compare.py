@@ -119,6 +119,6 @@ def test_a_package_only_one_image_holds_fails_naming_it(base_less_a_package):
 ])
 def test_an_image_compare_cannot_read_is_named_with_the_fix(tmp_path, make, message):
     a = make(tmp_path)
-    r = run_envbuilder("compare", a, "local/debian:bookworm")
+    r = run_envbuilder("compare", a, "local/debian:bookworm-slim")
     assert r.code == 2, r.out + r.err
     assert message.format(a=a) in r.err and "fix: " in r.err and "Traceback" not in r.err, r.err

@@ -80,7 +80,7 @@ def test_torch_21_gets_the_cxx17_fix(cli, write_spec, tmp_path, torch, standard)
 name: t
 framework: {{name: pytorch, version: "{torch}"}}
 python: "3.11"
-base: local/debian:bookworm
+base: local/debian:bookworm-slim
 mpi: {{flavor: openmpi, version: "4.1.4"}}
 horovod: {{version: "0.28.1", operations: [mpi, gloo]}}
 """)
@@ -147,7 +147,7 @@ name: demo-pypi
 framework: {name: pytorch, version: "2.13.0"}
 python: "3.11"
 cuda: {version: "13.0", source: pypi}
-base: local/debian:bookworm
+base: local/debian:bookworm-slim
 """
 
 
@@ -155,7 +155,7 @@ base: local/debian:bookworm
     ({'version: "13.0"': 'version: "12.6"'}, ["PYPI_CUDA_MAJOR", "built for CUDA 13.0", 'source: pypi']),
     ({'version: "2.13.0"': 'version: "2.12.0"'}, ["PYPI_CUDA_UNKNOWN", "pytorch 2.13.0", "source: image"]),
     ({"source: pypi}": 'source: pypi, nccl: "2.28.3"}'}, ["PYPI_CUDA_PINS", "2.29.7", "cuda.nccl"]),
-    ({"local/debian:bookworm": "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04"}, ["PYPI_CUDA_BASE", "plain OS base"]),
+    ({"local/debian:bookworm-slim": "nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04"}, ["PYPI_CUDA_BASE", "plain OS base"]),
     ({"source: pypi}": "source: conda}"}, ["cuda.source", "image", "pypi"]),
 ])
 def test_cuda_from_pypi_refuses_what_the_wheels_cannot_give(cli, write_spec, change, needles):
@@ -176,7 +176,7 @@ def test_cuda_from_pypi_renders_the_wheel_lane(cli, write_spec, tmp_path):
             "--no-build", "--out", str(out))
     assert r.code == 0, r.err
     dockerfile = (out / "Dockerfile").read_text()
-    assert "FROM local/debian:bookworm AS devel" in dockerfile and "nvidia/cuda" not in dockerfile
+    assert "FROM local/debian:bookworm-slim AS devel" in dockerfile and "nvidia/cuda" not in dockerfile
     assert "download.pytorch.org" not in dockerfile                      # PyPI's torch is the CUDA build
     assert "'cuda-toolkit[nvcc,cccl,cudart]==13.0.3'" in dockerfile
     assert "HOROVOD_NCCL_LIB=/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib" in dockerfile
@@ -231,7 +231,7 @@ def test_horovod_on_a_gcc13_base_gets_the_include_fix_and_bookworm_keeps_its_cac
     after any CXXFLAGS of its own), in the Dockerfile and the definition file alike; on Debian 12
     (g++ 12.2) the step is unchanged, so its build cache still holds."""
     text = (RECIPES / "cpu-torch.yaml").read_text()
-    for old, new in (("base: local/debian:bookworm", "base: ubuntu:24.04"), ('python: "3.11"', 'python: "3.12"'),
+    for old, new in (("base: local/debian:bookworm-slim", "base: ubuntu:24.04"), ('python: "3.11"', 'python: "3.12"'),
                      ('version: "4.1.4", pmi', 'version: "4.1.6", pmi')):
         assert old in text
         text = text.replace(old, new)

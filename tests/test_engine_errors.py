@@ -225,12 +225,12 @@ def test_a_base_archive_the_folder_lacks_is_named_with_the_command_that_writes_i
     spec = _spec_reading_bases_from(tmp_path, "docker-archive")
     r = cli("build", str(spec), "--out", str(out), "--engine", "apptainer")
     assert r.code == 2, r.out + r.err
-    archive = out / "bases" / "local_debian_bookworm.docker.tar"
-    assert f"error: base_from: docker-archive: the base local/debian:bookworm is read from {archive}, which is " \
+    archive = out / "bases" / "local_debian_bookworm-slim.docker.tar"
+    assert f"error: base_from: docker-archive: the base local/debian:bookworm-slim is read from {archive}, which is " \
            "missing" in r.err and "Traceback" not in r.err, r.err
-    assert f"fix: write it where the image is: docker save local/debian:bookworm -o " \
-           f"bases/local_debian_bookworm.docker.tar (in {out})" in r.err, r.err
-    assert "#   docker save local/debian:bookworm -o bases/local_debian_bookworm.docker.tar" in \
+    assert f"fix: write it where the image is: docker save local/debian:bookworm-slim -o " \
+           f"bases/local_debian_bookworm-slim.docker.tar (in {out})" in r.err, r.err
+    assert "#   docker save local/debian:bookworm-slim -o bases/local_debian_bookworm-slim.docker.tar" in \
         (out / "Apptainer.def").read_text()
     if shutil.which("apptainer") or shutil.which("singularity"):
         return
@@ -257,11 +257,11 @@ def test_a_base_archive_of_another_image_than_the_locked_one_is_refused(tmp_path
 
     stack = generate(load_spec(_spec_reading_bases_from(tmp_path, "docker-archive"))).stack
     (tmp_path / "bases").mkdir()
-    subprocess.run([docker_cli(), "save", base_image(), "-o", str(tmp_path / "bases" / "local_debian_bookworm.docker.tar")],
+    subprocess.run([docker_cli(), "save", base_image(), "-o", str(tmp_path / "bases" / "local_debian_bookworm-slim.docker.tar")],
                    check=True)
     image_id = subprocess.run([docker_cli(), "image", "inspect", base_image(), "--format", "{{.Id}}"],
                               capture_output=True, text=True, check=True).stdout.strip()
-    entry = {"ref": "local/debian:bookworm", "kind": "image-id", "pinned": "local/debian:bookworm"}
+    entry = {"ref": "local/debian:bookworm-slim", "kind": "image-id", "pinned": "local/debian:bookworm-slim"}
     good = replace(stack, lock=Lock("cpu-torch-ddp", {}, base={"devel": {**entry, "digest": image_id}}))
     check_base_archives(tmp_path, good, "docker-archive")
     bad = replace(stack, lock=Lock("cpu-torch-ddp", {}, base={"devel": {**entry, "digest": "sha256:" + "0" * 64}}))
@@ -269,7 +269,7 @@ def test_a_base_archive_of_another_image_than_the_locked_one_is_refused(tmp_path
         check_base_archives(tmp_path, bad, "docker-archive")
     assert err.value.field == "base_from" and f"holds image {image_id[:19]}; the lock names sha256:000000000000" \
         in str(err.value), str(err.value)
-    (tmp_path / "bases" / "local_debian_bookworm.docker.tar").write_text("not a tar")
+    (tmp_path / "bases" / "local_debian_bookworm-slim.docker.tar").write_text("not a tar")
     with pytest.raises(EnvbuilderError) as err:
         check_base_archives(tmp_path, good, "docker-archive")
     assert "is not a readable docker-archive" in str(err.value)

@@ -53,8 +53,8 @@ def test_lock_pins_every_kind_with_hashes(torch_lock):
     lock = read(path)
     client = require_docker()
     base_id = client.images.get(base_image()).id
-    assert lock["base"]["devel"] == {"ref": "local/debian:bookworm", "digest": base_id, "kind": "image-id",
-                                     "pinned": "local/debian:bookworm"}
+    assert lock["base"]["devel"] == {"ref": "local/debian:bookworm-slim", "digest": base_id, "kind": "image-id",
+                                     "pinned": "local/debian:bookworm-slim"}
     # OS packages: the whole closure of each stage, every one with its version and .deb sha256
     runtime = {e["name"]: e for e in lock["apt"]["runtime"]}
     for name in ("python3", "openmpi-bin", "libopenmpi3", "ca-certificates"):

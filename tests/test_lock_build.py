@@ -22,7 +22,7 @@ CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 SPEC = """\
 name: lock-repro
 description: torch 2.13 (CPU) on Debian bookworm, for the reproducibility test
-base: local/debian:bookworm
+base: local/debian:bookworm-slim
 framework: {name: pytorch, version: "2.13.0+cpu"}
 python: "3.11"
 targets: [docker]

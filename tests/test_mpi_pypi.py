@@ -32,7 +32,7 @@ CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 SPEC = """\
 name: NAME
 description: MPI from PyPI (test)
-base: local/debian:bookworm
+base: local/debian:bookworm-slim
 framework: {name: pytorch, version: "2.13.0+cpu"}
 python: "3.11"
 mpi: MPI

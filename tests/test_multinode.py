@@ -461,7 +461,7 @@ def staging_job(shared: Path, name: str, extra: str = "", sweep: tuple[str, ...]
 name: {name}
 framework: {{name: pytorch, version: "2.13.0+cpu"}}
 python: "3.11"
-base: local/debian:bookworm
+base: local/debian:bookworm-slim
 cluster:
   nodes: 2
   ntasks_per_node: 2

@@ -22,7 +22,7 @@ from infra import base_image, docker_cli, long_build, require_docker, wheelhouse
 SPEC = """\
 name: packages-layer
 description: torch 2.13 (CPU) with packages, for the packages-layer test
-base: local/debian:bookworm
+base: local/debian:bookworm-slim
 framework: {{name: pytorch, version: "2.13.0+cpu"}}
 python: "3.11"
 targets: [docker, apptainer]

@@ -308,13 +308,13 @@ def test_one_file_is_replaced_whole_or_left_as_it_was(tmp_path):
 
 
 @pytest.mark.parametrize("base_from,bootstrap,source,header", [
-    (None, "docker-daemon", "local/debian:bookworm", None),
-    ("registry", "docker", "local/debian:bookworm", None),
-    ("docker-daemon", "docker-daemon", "local/debian:bookworm", None),
-    ("docker-archive", "docker-archive", "bases/local_debian_bookworm.docker.tar",
-     "#   docker save local/debian:bookworm -o bases/local_debian_bookworm.docker.tar"),
-    ("oci-archive", "oci-archive", "bases/local_debian_bookworm.oci.tar",
-     "#   skopeo copy docker-daemon:local/debian:bookworm oci-archive:bases/local_debian_bookworm.oci.tar"),
+    (None, "docker-daemon", "local/debian:bookworm-slim", None),
+    ("registry", "docker", "local/debian:bookworm-slim", None),
+    ("docker-daemon", "docker-daemon", "local/debian:bookworm-slim", None),
+    ("docker-archive", "docker-archive", "bases/local_debian_bookworm-slim.docker.tar",
+     "#   docker save local/debian:bookworm-slim -o bases/local_debian_bookworm-slim.docker.tar"),
+    ("oci-archive", "oci-archive", "bases/local_debian_bookworm-slim.oci.tar",
+     "#   skopeo copy docker-daemon:local/debian:bookworm-slim oci-archive:bases/local_debian_bookworm-slim.oci.tar"),
 ])
 def test_the_spec_says_where_apptainer_reads_the_bases(tmp_path, base_from, bootstrap, source, header):
     """base_from: every stage's Bootstrap:/From: as the spec asks (auto: a local/ base from the
@@ -331,7 +331,7 @@ def test_the_spec_says_where_apptainer_reads_the_bases(tmp_path, base_from, boot
     definition = files["Apptainer.def"].decode()
     assert re.findall(r"^Bootstrap: (\S+)\nFrom: (\S+)$", definition, re.M) == [(bootstrap, source)] * 2
     assert (header in definition) if header else "Bases from archives" not in definition
-    assert b"bases/" not in files["Dockerfile"] and b"FROM local/debian:bookworm AS devel" in files["Dockerfile"]
+    assert b"bases/" not in files["Dockerfile"] and b"FROM local/debian:bookworm-slim AS devel" in files["Dockerfile"]
     if base_from in (None, "auto"):
         assert files == plain
 
@@ -357,8 +357,8 @@ def test_with_a_lock_the_spec_packages_are_a_runtime_layer_after_the_venv_and_co
     spec = load_spec(RECIPES / "cpu-torch.yaml")
     spec = spec.__class__(**{**spec.__dict__, "packages": spec.packages.__class__(
         **{**spec.packages.__dict__, "pip": ["six==1.17.0"]})})
-    base = {"ref": "local/debian:bookworm", "digest": "sha256:" + "1" * 64, "kind": "image-id",
-            "pinned": "local/debian:bookworm"}
+    base = {"ref": "local/debian:bookworm-slim", "digest": "sha256:" + "1" * 64, "kind": "image-id",
+            "pinned": "local/debian:bookworm-slim"}
     lock = Lock(name=spec.name, inputs={}, base={"devel": base, "runtime": base}, pip={"python": [entry("pip", "24.0")],
                                                 "framework": [entry("torch", "2.13.0+cpu"), entry("six", "1.16.0")],
                                                 "packages": [{**entry("six", "1.17.0"), "overrides": "1.16.0"}]})

@@ -128,7 +128,7 @@ TABLE = [
      "error", "python", "has Python 3.11, not 3.10"),
     ("BASE_CUDA", "gpu", {"base": "nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04"},
      "error", "base", "is not a CUDA 11.8 image"),
-    ("CUDA_OS", "gpu", {"base": "local/debian:bookworm", "python": "3.11"},
+    ("CUDA_OS", "gpu", {"base": "local/debian:bookworm-slim", "python": "3.11"},
      "error", "base", "no CUDA 11.8 image for debian-bookworm"),
     # --- cluster and packages
     ("CLUSTER_GPU_CPU", "cpu-tf", {"cluster.gpus_per_node": 4},

@@ -207,7 +207,7 @@ def test_a_sweep_of_three_values_runs_as_an_array_and_leaves_three_reports(tmp_p
 name: sweep-test
 framework: {{name: pytorch, version: "2.13.0+cpu"}}
 python: "3.11"
-base: local/debian:bookworm
+base: local/debian:bookworm-slim
 cluster:
   ntasks_per_node: 2
   cpus_per_task: 1

@@ -182,11 +182,15 @@ def test_bad_site_and_sweep_input_get_one_message_and_exit_2(cli, write_spec, tm
     assert not (tmp_path / "x").exists()
 
 
-def test_the_spec_hash_of_existing_specs_is_unchanged_by_the_new_keys():
-    """Image tags derive from the spec hash: adding cluster keys must not retag every image."""
+def test_the_spec_hash_of_existing_specs_is_unchanged_by_the_new_keys(tmp_path):
+    """Image tags derive from the spec hash: adding cluster keys must not retag every image.
+    (141fef067edc: cpu-torch's hash when its base was the full local/debian:bookworm.)"""
     from envbuilder.spec.model import load_spec
 
-    assert load_spec(RECIPES / "cpu-torch.yaml").sha256().startswith("141fef067edc")
+    old = tmp_path / "cpu-torch.yaml"
+    old.write_text((RECIPES / "cpu-torch.yaml").read_text().replace("local/debian:bookworm-slim",
+                                                                    "local/debian:bookworm"))
+    assert load_spec(old).sha256().startswith("141fef067edc")
 
 
 def site_file(tmp_path: Path, **keys: str) -> Path:
@@ -331,7 +335,7 @@ VETTED = """\
 name: vetted
 framework: {name: pytorch, version: "2.13.0+cpu"}
 python: "3.11"
-base: local/debian:bookworm
+base: local/debian:bookworm-slim
 distributed: {kind: torch, launcher: LAUNCHER}
 cluster: {nodes: 4, ntasks_per_node: 2, runtime: charliecloud, vet_min_nodes: 3}
 """

@@ -9,7 +9,7 @@ GOOD = """\
 name: demo
 framework: {name: pytorch, version: "2.13.0+cpu"}
 python: "3.11"
-base: local/debian:bookworm
+base: local/debian:bookworm-slim
 mpi: {flavor: openmpi, version: "4.1.4", pmi: pmix}
 horovod: {version: "0.28.1", operations: [mpi, gloo]}
 """

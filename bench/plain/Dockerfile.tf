@@ -2,7 +2,7 @@
 # tensorflow-cpu 2.15.1 + Horovod 0.28.1 (MPI, Gloo) on Debian bookworm, Python 3.11.
 # Build context: this file, wheelhouse/ (may be empty), and the benchmark's smoke-suite files.
 #   DOCKER_BUILDKIT=1 docker build --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt -f Dockerfile.tf .
-FROM local/debian:bookworm
+FROM local/debian:bookworm-slim
 
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \

@@ -20,8 +20,8 @@
 # copyright file and locale.alias (and the other includes of that list).
 #
 # --arch arm64: the arm64 base local/debian:bookworm-arm64 (issue 37), made under emulation:
-# qemu-user-static + binfmt-support register qemu-aarch64 (binfmt_misc is mounted first when it
-# is not), debootstrap --arch=arm64 runs the second stage through it, and the image config written
+# .ci/install-qemu.sh registers a qemu-aarch64 binfmt_misc handler (binfmt_misc is mounted first
+# when it is not), debootstrap --arch=arm64 runs the second stage through it, and the image config written
 # below says "architecture": "arm64" (`docker import --platform` is ignored by Docker 20.10 and
 # records amd64, so the config is written here and loaded with `docker load`).
 set -euo pipefail
@@ -76,18 +76,10 @@ fi
 command -v debootstrap >/dev/null || { echo "make-base-image: debootstrap missing (run .ci/install-system.sh)" >&2; exit 1; }
 
 if [ "$ARCH" = arm64 ] && [ "$(uname -m)" != aarch64 ]; then
-    # arm64 binaries (debootstrap's second stage, later the image's RUN steps) run through qemu
-    if [ ! -e /proc/sys/fs/binfmt_misc/status ]; then
-        mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
-    fi
-    if [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
-        if ! command -v qemu-aarch64-static >/dev/null || ! command -v update-binfmts >/dev/null; then
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user-static binfmt-support >/dev/null
-        fi
-        update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true
-    fi
-    [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] || {
-        echo "make-base-image: no qemu-aarch64 binfmt handler (install qemu-user-static and binfmt-support)" >&2; exit 1; }
+    # arm64 binaries (debootstrap's second stage, later the image's RUN steps) run through qemu:
+    # .ci/install-qemu.sh registers Debian unstable's qemu-user (Debian 12's 7.2 crashes on PyPI's
+    # aarch64 torch 2.15) as the aarch64 binfmt_misc handler, mounting binfmt_misc first
+    bash "$(dirname "${BASH_SOURCE[0]}")/install-qemu.sh"
 fi
 
 # Debian mirror URLs from apt's own configuration (the same archive the host uses).

@@ -13,6 +13,8 @@ before it runs a foreign image and refuses one it finds no handler for ("the ima
 from __future__ import annotations
 
 import platform
+import re
+import subprocess
 from pathlib import Path
 
 from .errors import EnvbuilderError
@@ -47,12 +49,15 @@ def _entry(path: Path) -> dict:
 
 
 def handler(arch: str, root: Path = BINFMT) -> dict | None:
-    """The binfmt_misc entry whose magic matches 64-bit little-endian ELF executables of ARCH."""
+    """The binfmt_misc entry whose magic matches 64-bit little-endian ELF executables of ARCH: the
+    enabled one where there are several (.ci/install-qemu.sh disables Debian's when it registers a
+    newer QEMU), else the first by name."""
     want = ELF_MACHINE.get(arch)
     try:
         paths = sorted(p for p in root.iterdir() if p.name not in ("register", "status"))
     except OSError:
         return None
+    found = []
     for path in paths:
         try:
             entry = _entry(path)
@@ -63,10 +68,26 @@ def handler(arch: str, root: Path = BINFMT) -> dict | None:
             continue
         try:
             if int(magic[36:38], 16) == want:
-                return entry
+                found.append(entry)
         except ValueError:
             continue
-    return None
+    return next((e for e in found if e["enabled"]), found[0] if found else None)
+
+
+def qemu_version(arch: str, root: Path = BINFMT) -> str | None:
+    """The version the ARCH handler's QEMU prints ("7.2.22"), None where there is no handler or
+    it does not say (the interpreter is run with --version only: it is the machine's own file,
+    registered by root, not anything an input names)."""
+    entry = handler(arch, root)
+    if entry is None or not entry["interpreter"]:
+        return None
+    try:
+        out = subprocess.run([entry["interpreter"], "--version"], capture_output=True, text=True,
+                             timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"version (\d+\.\d+(?:\.\d+)?)", out)
+    return match.group(1) if match else None
 
 
 def why_not_runnable(arch: str, root: Path = BINFMT) -> str | None:

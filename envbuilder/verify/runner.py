@@ -14,6 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import emulation
 from ..manifest_shape import read_manifest_file
 from ..errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EnvbuilderError
 from ..paths import HOST_MODULE, MANIFEST_IN_IMAGE, PREFIX, SUITE_MODULE, VERIFY_MANIFEST  # noqa: F401
@@ -249,9 +250,7 @@ def execute(argv: list[str], *, timeout: float, env: dict | None = None,
     if o.report is None:
         tail = "\n".join((text.strip().splitlines() + [l for l in err_tail if l.strip()])[-15:])
         if hung:
-            o.problem = (f"the image's Python crashed under emulation ({crash['line']}) and the suite "
-                         f"hung; stopped after {EMULATION_CRASH_GRACE_S:.0f} s of silence: run verify "
-                         "on a machine of the image's architecture (qemu-user cannot run this image)")
+            o.problem = emulation_crash_problem(crash["line"])
         elif timed_out:
             o.problem = f"the suite did not finish within {timeout:.0f} s and was stopped"
         else:
@@ -259,6 +258,20 @@ def execute(argv: list[str], *, timeout: float, env: dict | None = None,
         if tail:
             o.problem += "; its last output:\n" + tail
     return o
+
+
+def emulation_crash_problem(line: str) -> str:
+    """What verify says when the image's Python crashed under qemu-user and the suite hung: the
+    crash, the emulator's version where this machine runs aarch64 programs through one, and the two
+    ways out (a machine of the image's architecture; a newer QEMU: PyPI's aarch64 torch 2.15.0
+    crashes on import under Debian 12's qemu-user 7.2 and runs under Debian unstable's 11.1.3,
+    docs/aarch64.md)."""
+    version = emulation.qemu_version("aarch64") if emulation.machine() != "aarch64" else None
+    under = f" under qemu-aarch64 {version}" if version else ""
+    return (f"the image's Python crashed under emulation{under} ({line}) and the suite hung; stopped after "
+            f"{EMULATION_CRASH_GRACE_S:.0f} s of silence: run verify on a machine of the image's "
+            "architecture, or under a newer QEMU (.ci/install-qemu.sh registers Debian unstable's "
+            "qemu-user 11.1.3, which runs PyPI's aarch64 torch 2.15 that 7.2 crashes on)")
 
 
 @dataclass

@@ -20,11 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from envbuilder import emulation
 from conftest import RECIPES, run_envbuilder
 from infra import ARM64_BASE, _unavailable, docker_cli, image_arch, long_build, require_docker
-
-BINFMT = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
-
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run([docker_cli(), *args], capture_output=True, text=True, check=check)
@@ -34,9 +32,9 @@ def require_arm64() -> None:
     require_docker()
     if image_arch(ARM64_BASE) != "arm64":
         _unavailable(f"arm64 base image {ARM64_BASE}", "not in the engine", ".ci/make-base-image.sh --arch arm64")
-    if not BINFMT.exists():
-        _unavailable("qemu-user for aarch64", f"{BINFMT} is not registered",
-                     "apt-get install qemu-user-static binfmt-support")
+    reason = emulation.why_not_runnable("aarch64")
+    if reason:
+        _unavailable("qemu-user for aarch64", reason, "bash .ci/install-qemu.sh")
 
 
 def build(recipe: str, out: Path) -> dict:

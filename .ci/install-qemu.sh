@@ -7,7 +7,7 @@
 # qemu-user 11.1.3 imports it and runs the smoke suite (measured here, docs/aarch64.md).
 #
 # How: the qemu-user .deb of Debian's unstable suite (static binaries, no dependencies) is fetched
-# with an apt configuration of its own, as .ci/install-cosign.sh does (unstable never enters this
+# by .ci/fetch-unstable-deb.sh (an apt configuration of its own: unstable never enters this
 # machine's sources), and unpacked with dpkg-deb -x under /opt/envbuilder/qemu-VERSION: not
 # installed with dpkg, so Debian 12's qemu-user-static and binfmt-support stay as they are. Its
 # qemu-aarch64 is registered in /proc/sys/fs/binfmt_misc as envbuilder-qemu-aarch64 with the flags
@@ -48,31 +48,15 @@ for found in /opt/envbuilder/qemu-"$want"*; do
     [ -x "$found/usr/bin/qemu-aarch64" ] && { root=$found; break; }
 done
 if [ -z "$root" ] || [ ! -x "$root/usr/bin/qemu-aarch64" ]; then
-    mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
-    [ -n "$mirror" ] || mirror=$(awk '/^deb / {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
-    [ -n "$mirror" ] || mirror=http://deb.debian.org/debian
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
-    mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
-    printf 'deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] %s sid main\n' "$mirror" >"$work/sources.list"
-    APT=(-o "Dir::Etc::SourceList=$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
-         -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache"
-         -o Acquire::Check-Valid-Until=false -o Acquire::Retries=3 -o Debug::NoLocking=1
-         -o APT::Sandbox::User=root)
-    apt-get "${APT[@]}" update -q >/dev/null
-    apt-cache "${APT[@]}" show qemu-user >/dev/null 2>&1 || \
-        die "Debian's unstable suite at $mirror has no package qemu-user: see https://tracker.debian.org/pkg/qemu"
-    version=$(apt-cache "${APT[@]}" show qemu-user | awk '/^Version:/ {print $2}' | grep -m1 "^1:$want" || true)
-    if [ -z "$version" ]; then
-        version=$(apt-cache "${APT[@]}" policy qemu-user | awk '/Candidate:/ {print $2}')
-        log "note: qemu-user $want is gone from unstable; using $version (the figures were measured with $want)"
-    fi
-    (cd "$work" && apt-get "${APT[@]}" download "qemu-user=$version" >/dev/null)
+    deb=$(bash "$(dirname "${BASH_SOURCE[0]}")/fetch-unstable-deb.sh" qemu-user "$want" "$work")
+    version=$(dpkg-deb -f "$deb" Version)
     plain=${version#*:}
     root=/opt/envbuilder/qemu-${plain%%+*}
     rm -rf "$root.tmp"
     mkdir -p "$root.tmp"
-    dpkg-deb -x "$work"/qemu-user_*.deb "$root.tmp"
+    dpkg-deb -x "$deb" "$root.tmp"
     # the name Debian's binfmt entries use for the P flag's interpreter
     ln -s usr/bin/qemu-aarch64 "$root.tmp/aarch64-binfmt-P"
     rm -rf "$root"

@@ -28,7 +28,8 @@ OCI_NAME = {"aarch64": "arm64", "x86_64": "amd64"}
 UNAME_OF = {"arm64": "aarch64", "amd64": "x86_64", "aarch64": "aarch64", "x86_64": "x86_64"}
 FIX = ("on Debian or Ubuntu install qemu-user-static and binfmt-support (they register qemu-aarch64 "
        "with the F flag; first `mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc` where it is "
-       "not mounted), or do this on an aarch64 machine (a login or compute node of the aarch64 partition)")
+       "not mounted; torch >= 2.15's aarch64 wheel needs a QEMU newer than Debian 12's 7.2: "
+       "docs/aarch64.md), or do this on an aarch64 machine (a login or compute node of the aarch64 partition)")
 
 
 def machine() -> str:

@@ -432,7 +432,7 @@ def summarize(results: dict) -> list[dict]:
                 "ratio": round(raw["size_bytes"] / payload, 3),
                 "cold_s": cold,
                 "rebuild_s": raw.get("rebuild_s"),
-                "rebuild_share": round(raw["rebuild_s"] / cold, 3) if cold else None,
+                "rebuild_share": round(raw["rebuild_s"] / cold, 3) if cold and raw.get("rebuild_s") is not None else None,
                 "tool_s": raw.get("rebuild_tool_s"),
                 "verify_s": round(statistics.median(walls), 1) if walls else None,
                 "verify_ok": bool(verifies) and all(v["ok"] for v in verifies),

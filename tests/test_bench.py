@@ -40,6 +40,7 @@ def test_summary_marks_the_smallest_and_a_missed_goal(tmp_path):
     env["size_bytes"] = 1_700_000_000            # now the largest, ratio 1.545
     env["rebuild_s"] = 300.0                     # half of the cold build
     env["verify"][0]["trains"] = False           # one verify run did not train
+    results["stacks"]["torch"]["builders"]["hpccm"]["verify"][0]["summary"] = {"pass": 29, "fail": 3, "skip": 1}
     rows = {r["builder"]: r for r in bench.summarize(results)}
     assert rows["hpccm"]["smallest"] and not rows["envbuilder"]["smallest"]
     assert rows["envbuilder"]["ratio"] == 1.545 and rows["envbuilder"]["rebuild_share"] == 0.5
@@ -53,6 +54,7 @@ def test_summary_marks_the_smallest_and_a_missed_goal(tmp_path):
     proc = subprocess.run([sys.executable, str(BENCH), "--table", str(saved)], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0 and "| torch | envbuilder | 1700 |" in proc.stdout and "| NO |" in proc.stdout
+    assert "| yes; suite: 3 failed |" in proc.stdout
 
 
 def test_step_time_and_training_come_from_the_smoke_report():
@@ -65,6 +67,10 @@ def test_step_time_and_training_come_from_the_smoke_report():
         {"name": "perf.step.pytorch[gloo]", "status": "pass", "ranks": {"0": rank(100.0), "1": rank(300.0)}},
     ]}
     assert bench.step_ms(report) == 95.0
+    assert bench.trains(report)
+    # an environment check failing elsewhere in the suite is not a training failure
+    report["checks"].append({"name": "env.cpu_threads", "status": "fail"})
+    report["ok"] = False
     assert bench.trains(report)
     report["checks"][2]["status"] = "fail"
     assert not bench.trains(report)

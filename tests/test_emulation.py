@@ -79,6 +79,17 @@ def test_machine_names_follow_uname(monkeypatch):
         assert emulation.machine() == said
 
 
+def test_the_oci_names_are_the_catalogs_docker_platforms():
+    # emulation sits below compat (compat's rules import runtimes, which import emulation), so it
+    # keeps its own table of OCI names; this holds it to the catalog's `arches.*.docker`
+    from envbuilder.compat.catalog import load_catalog
+    arches = load_catalog().data["arches"]
+    assert set(emulation.OCI_NAME) == set(arches)
+    for name, arch in arches.items():
+        assert arch["docker"] == "linux/" + emulation.OCI_NAME[name]
+        assert emulation.UNAME_OF[emulation.OCI_NAME[name]] == name
+
+
 def test_the_enabled_handler_is_the_one_that_serves(tmp_path):
     """.ci/install-qemu.sh registers a newer QEMU and disables Debian's entry: both stay listed."""
     root = table(tmp_path / "t", qemu_aarch64=QEMU_AARCH64.format(flags="PF").replace("enabled\n", "disabled\n"))

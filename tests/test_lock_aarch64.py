@@ -198,3 +198,26 @@ def test_gh200_facts_name_their_sources():
     gh200 = cat.data["gpus"]["gh200"]
     assert gh200["cc"] == "9.0" and gh200["arch"] == "aarch64"
     assert gh200["sources"] and set(gh200["sources"]) <= set(cat.sources)
+
+
+def test_gh200_horovod_preset_compiles_its_nccl_kernels_for_the_aarch64_arch_list():
+    # torch215-horovod-pypi-aarch64: Horovod's CUDA kernels built with the aarch64 (sbsa) nvcc for
+    # the arches the aarch64 torch wheel carries from sm_90 up, on the arm64 base, in the devel stage
+    import io
+
+    from dockerfile_parse import DockerfileParser
+
+    root = Path(__file__).resolve().parents[1] / "images" / "torch215-horovod-pypi-aarch64"
+    parser = DockerfileParser(fileobj=io.BytesIO())
+    parser.content = (root / "Dockerfile").read_text()
+    froms = [i["value"] for i in parser.structure if i["instruction"] == "FROM"]
+    bases = {f.split()[0] for f in froms} - {"devel"}                  # a stage built on another
+    assert bases == {ARM64_BASE}, froms
+    runs = [i["value"] for i in parser.structure if i["instruction"] == "RUN"]
+    build = [r for r in runs if "pip install" in r and "horovod" in r and "HOROVOD_GPU_OPERATIONS=NCCL" in r]
+    assert len(build) == 1, runs
+    assert "HOROVOD_BUILD_CUDA_CC_LIST=90,100,110,120 " in build[0]
+    assert "targets/sbsa-linux" in "\n".join(runs) and "targets/x86_64-linux" not in "\n".join(runs)
+    expect = json.loads((root / "manifest.json").read_text())["expect"]
+    assert expect["arch"] == "aarch64" and expect["cuda_arch"] == ["9.0", "10.0", "11.0", "12.0"]
+    assert expect["horovod"]["operations"] == ["nccl", "mpi", "gloo"]

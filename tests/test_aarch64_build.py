@@ -152,3 +152,31 @@ def test_gh200_preset_builds_and_verifies_without_gpu_under_emulation(tmp_path_f
         assert json.loads(report.read_text())["gpu_checks"] == "left out"
     finally:
         docker("rmi", "-f", info["tag"], check=False)
+
+
+@long_build
+def test_gh200_horovod_preset_builds_its_nccl_operations_and_verifies_without_gpu(tmp_path_factory, tmp_path):
+    # Horovod 0.28.1's NCCL operations compiled with the aarch64 nvcc for sm_90+ under qemu: about
+    # an hour of both cores here (docs/aarch64.md, "Horovod for GH200")
+    out = tmp_path_factory.mktemp("aarch64") / "torch215-horovod-pypi-aarch64"
+    info = build("torch215-horovod-pypi-aarch64", out)
+    try:
+        assert image_arch(info["tag"]) == "arm64"
+        aarch64_wheels_only(out)
+        report = tmp_path / "report.json"
+        r = run_envbuilder("verify", str(out), "--image", info["tag"], "--runtime", "docker", "--ranks", "2",
+                           "--no-gpu", "--report", str(report), timeout=3600)
+        assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+        checks = checks_of(report)
+        assert checks["versions.arch"]["figure"] == "aarch64"
+        assert checks["versions.cuda_arch"]["status"] == "pass", checks["versions.cuda_arch"]
+        built = checks["horovod.build"]
+        assert built["status"] == "pass", built
+        flags = built["ranks"]["0"]["data"]["flags"]
+        assert flags["nccl_built"] == 23007 and flags["mpi_built"] and flags["cuda_built"], flags   # NCCL 2.30.7
+        # Horovod's own kernels, read from its library: the sm_90 cubin GH200 runs, and newer
+        kernels = checks["horovod.cuda_arch"]
+        assert kernels["status"] == "pass" and kernels["figure"] == "9.0 10.0 11.0 12.0 +PTX 12.0", kernels
+        assert checks["versions.horovod"]["status"] == "pass"
+    finally:
+        docker("rmi", "-f", info["tag"], check=False)

@@ -140,6 +140,8 @@ def test_horovod_image_verifies_with_two_ranks_without_gpu(horovod_image, tmp_pa
     assert checks["versions.nccl_library"]["figure"] == "2.29.7"
     assert checks["versions.nccl"]["status"] == "pass"                       # the libnccl Horovod loads
     assert checks["versions.cuda_arch"]["status"] == "pass", checks["versions.cuda_arch"]
+    kernels = checks["horovod.cuda_arch"]                                    # read from Horovod's .nv_fatbin
+    assert kernels["status"] == "pass" and kernels["figure"].startswith("8.0 8.6 9.0 10.0 12.0"), kernels
     ops = checks["horovod.operations"]
     assert ops["status"] == "pass" and "nccl built" in ops["detail"], ops    # hvd.nccl_built()
     assert checks["allreduce.exact[mpi]"]["status"] == "pass"

@@ -550,3 +550,69 @@ def test_verify_reports_the_machine_architecture_against_the_images():
     assert "built for aarch64 but runs on a x86_64 machine" in bad["detail"]
     assert static.check_arch({}, "x86_64")["status"] == common.PASS      # an older manifest names none
     assert static.check_arch({"arch": "x86_64"})["figure"] == os.uname().machine
+
+
+# --- horovod.cuda_arch: Horovod's GPU kernels read from its library's .nv_fatbin, no GPU -----------
+
+def _fatbin(entries: list[tuple[int, int]]) -> bytes:
+    """A fat binary as nvcc lays it out (fatbinary.h's header; then per entry a 64-byte header:
+    kind 1 PTX / 2 cubin, header size, payload size, the SM number at byte 28) with small payloads.
+    The layout is checked against a real Horovod library in tests/test_aarch64_build.py and
+    tests/test_gpu_pypi.py (long builds)."""
+    import struct
+
+    body = b""
+    for kind, sm in entries:
+        payload = b"\0" * 24
+        header = struct.pack("<HHIQIIII", kind, 0x101, 64, len(payload), 0, 0, 0, sm)   # sm at byte 28
+        body += header.ljust(64, b"\0") + payload
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+def _library_with_fatbin(tmp_path: Path, name: str, blob: bytes | None) -> Path:
+    """A real shared object built by the system's C compiler, with BLOB in its .nv_fatbin section."""
+    if not shutil.which("cc"):
+        pytest.skip("needs a C compiler (.ci/install-system.sh installs g++)")
+    src = tmp_path / (name + ".c")
+    lines = ["int envbuilder_probe(void) { return 1; }"]
+    if blob is not None:
+        data = ", ".join(str(b) for b in blob)
+        lines.append('__attribute__((used, section(".nv_fatbin"), aligned(8))) '
+                     "static const unsigned char fatbin[] = {%s};" % data)
+    src.write_text("\n".join(lines) + "\n")
+    lib = tmp_path / (name + ".so")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, capture_output=True)
+    return lib
+
+
+def test_fatbin_kernels_are_read_from_a_real_elf_section(tmp_path):
+    from envbuilder.smoke import fatbin
+
+    lib = _library_with_fatbin(tmp_path, "withkernels", _fatbin([(2, 90), (2, 100), (2, 120), (1, 120)]))
+    assert fatbin.kernels(lib) == {"cubin": [90, 100, 120], "ptx": [120]}
+    plain = _library_with_fatbin(tmp_path, "plain", None)
+    assert fatbin.kernels(plain) is None                          # no device code
+    assert fatbin.kernels(tmp_path / "plain.c") is None           # not an ELF file
+    assert fatbin.kernels(tmp_path / "absent.so") is None
+
+
+def test_horovod_cuda_arch_reads_the_loaded_binding_and_names_what_is_missing(tmp_path):
+    import ctypes
+
+    # the check reads the Horovod library this process has loaded (/proc/self/maps), as in an image
+    lib = _library_with_fatbin(tmp_path, "mpi_lib_envbuilder_probe", _fatbin([(2, 90), (2, 100), (1, 100)]))
+    ctypes.CDLL(str(lib))
+    base = {"gpu": True, "framework": {"name": "pytorch"},
+            "horovod": {"version": "0.28.1", "operations": ["nccl", "mpi"]}}
+    (ok,) = static.check_horovod_cuda_arch(dict(base, cuda_arch=["9.0", "10.0", "12.0"]), binding=object())
+    assert ok["status"] == "pass", ok                             # 12.0 by PTX 10.0, JIT-compiled
+    assert ok["figure"] == "9.0 10.0 +PTX 10.0" and "mpi_lib_envbuilder_probe.so" in ok["detail"]
+    (bad,) = static.check_horovod_cuda_arch(dict(base, cuda_arch=["8.0", "9.0"]), binding=object())
+    assert bad["status"] == "fail" and bad["detail"].startswith("no Horovod kernels for 8.0 in"), bad
+    assert "HOROVOD_BUILD_CUDA_CC_LIST" in bad["detail"]
+    (gone,) = static.check_horovod_cuda_arch(dict(base, cuda_arch=["9.0"]), binding=None)
+    assert gone["status"] == "fail" and "did not load" in gone["detail"]
+    # not asked: a CPU image, no NCCL operations, no arch list
+    assert static.check_horovod_cuda_arch(dict(base, gpu=False, cuda_arch=["9.0"]), object()) == []
+    assert static.check_horovod_cuda_arch(dict(base, horovod={"operations": ["mpi"]}, cuda_arch=["9.0"]), object()) == []
+    assert static.check_horovod_cuda_arch(base, object()) == []

@@ -471,6 +471,48 @@ def covers(have, arch):
     return any(h == arch or (t(h)[0] == t(arch)[0] and t(h) <= t(arch)) for h in have)
 
 
+def check_horovod_cuda_arch(expect, binding):
+    """Horovod's own CUDA kernels (its NCCL operations' scaling and packing) serve the spec's GPUs:
+    read from the binding's library (.nv_fatbin), without a GPU. A Horovod built for other arches
+    imports and passes every CPU check, then fails at its first GPU all-reduce ("no kernel image is
+    available for execution on the device")."""
+    from .fatbin import dotted, kernels
+    hv = expect.get("horovod") or {}
+    want = expect.get("cuda_arch") or []
+    if not (expect.get("gpu") and want and "nccl" in (hv.get("operations") or [])):
+        return []
+    name = "horovod.cuda_arch"
+    libs = loaded_libraries(r"^mpi_lib") if binding is not None else []
+    if not libs:
+        return [result(name, FAIL, "Horovod's %s binding did not load, so its GPU kernels cannot be read"
+                       % (framework_module(expect) or "framework"), figure="missing")]
+    found = {"cubin": set(), "ptx": set()}
+    for path in libs:
+        for kind, sms in (kernels(path) or {}).items():
+            found[kind].update(sms)
+    cubins = [dotted(sm) for sm in sorted(found["cubin"])]
+    ptx = [dotted(sm) for sm in sorted(found["ptx"])]
+    figure = " ".join(cubins) + (" +PTX %s" % " ".join(ptx) if ptx else "") or "none"
+    where = ", ".join(os.path.basename(p) for p in libs)
+
+    def served(arch):
+        # a cubin of the same major no newer (binary compatibility), or PTX no newer (JIT-compiled)
+        return covers(cubins, arch) or any(covers_ptx(p, arch) for p in ptx)
+
+    missing = [a for a in want if not served(a)]
+    if missing:
+        return [result(name, FAIL, "no Horovod kernels for %s in %s (built for %s): its GPU operations fail there "
+                       "with 'no kernel image is available'; rebuild with HOROVOD_BUILD_CUDA_CC_LIST naming them "
+                       "(envbuilder sets it from cuda.compute_capability)" % (", ".join(missing), where, figure),
+                       figure=figure)]
+    return [result(name, PASS, "built for %s (%s); covers %s" % (figure, where, ", ".join(want)), figure=figure)]
+
+
+def covers_ptx(ptx, arch):
+    """PTX for PTX runs, JIT-compiled by the driver, on ARCH when ARCH is no older."""
+    return tuple(int(x) for x in ptx.split(".")) <= tuple(int(x) for x in arch.split("."))
+
+
 def check_gpu_visible(expect, fw_mod, no_gpu):
     """A GPU image with no GPU visible is not verified: this check fails unless --no-gpu."""
     if not expect.get("gpu"):
@@ -689,6 +731,7 @@ def run_static(expect, no_gpu=False):
     timed(check_mpi, expect)
     timed(check_cuda_stack, expect, fw_mod, binding)
     timed(check_cuda_libraries, expect, fw_mod)
+    timed(check_horovod_cuda_arch, expect, binding)
     timed(check_gpu_visible, expect, fw_mod, no_gpu)
     timed(check_packages, expect)
     timed(check_os_packages, expect)

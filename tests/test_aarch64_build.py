@@ -1,4 +1,4 @@
-"""aarch64 images (CPU, and the GH200 GPU preset verified with --no-gpu) built for real on this x86_64 machine (issue 37 item 2): the arm64 Debian
+"""aarch64 images (CPU, and the GH200 GPU presets verified with --no-gpu) built for real on this x86_64 machine (issue 37 item 2): the arm64 Debian
 base (.ci/make-base-image.sh --arch arm64), every RUN step under qemu-user (binfmt_misc), then
 `envbuilder verify` with 2 ranks in the image, also under emulation. What the user sees is
 asserted: the exit codes, the image's Architecture (arm64) as the engine records it, the verify
@@ -12,6 +12,7 @@ one fits CI."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -43,6 +44,18 @@ def build(recipe: str, out: Path) -> dict:
     r = run_envbuilder("build", str(RECIPES / f"{recipe}.yaml"), "--out", str(out), "--tag", tag, timeout=7200)
     assert r.code == 0, r.err[-4000:]
     return json.loads((out / "image.json").read_text())
+
+
+@contextlib.contextmanager
+def built(tmp_path_factory, recipe: str):
+    """RECIPE built into a fresh folder (an arm64 image, as the engine records it); removed after."""
+    out = tmp_path_factory.mktemp("aarch64") / recipe
+    info = build(recipe, out)
+    try:
+        assert image_arch(info["tag"]) == "arm64"
+        yield out, info
+    finally:
+        docker("rmi", "-f", info["tag"], check=False)
 
 
 def verify_two_ranks(out: Path, tag: str, report: Path):
@@ -113,34 +126,32 @@ def test_sif_of_the_arm64_image_names_arm64(ddp_image, tmp_path):
 
 @long_build
 def test_horovod_preset_builds_and_verifies_with_two_ranks_under_emulation(tmp_path_factory, tmp_path):
-    out = tmp_path_factory.mktemp("aarch64") / "cpu-torch-horovod-aarch64"
-    info = build("cpu-torch-horovod-aarch64", out)
-    try:
+    with built(tmp_path_factory, "cpu-torch-horovod-aarch64") as (out, info):
         checks = assert_aarch64_image(out, info, tmp_path)
         assert checks["versions.horovod"]["status"] == "pass"
-    finally:
-        docker("rmi", "-f", info["tag"], check=False)
 
 
 # --- the GPU preset for Grace Hopper (GH200): CUDA 13.2 from PyPI's aarch64 wheels ------------------
 
+def verify_without_gpu(out: Path, info: dict, tmp_path: Path) -> dict:
+    """`verify --no-gpu --ranks 2` of a GPU image under emulation: exit 0; its checks by name."""
+    report = tmp_path / "report.json"
+    r = run_envbuilder("verify", str(out), "--image", info["tag"], "--runtime", "docker", "--ranks", "2",
+                       "--no-gpu", "--report", str(report), timeout=3600)
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    return checks_of(report)
+
+
 @long_build
 def test_gh200_preset_builds_and_verifies_without_gpu_under_emulation(tmp_path_factory, tmp_path):
     # about 30-40 minutes here (docs/aarch64.md): 3 GB of NVIDIA wheels unpacked under qemu
-    out = tmp_path_factory.mktemp("aarch64") / "torch215-ddp-pypi-aarch64"
-    info = build("torch215-ddp-pypi-aarch64", out)
-    try:
-        assert image_arch(info["tag"]) == "arm64"
+    with built(tmp_path_factory, "torch215-ddp-pypi-aarch64") as (out, info):
         files = aarch64_wheels_only(out)             # NVIDIA's sbsa builds among them
         assert "torch-2.15.0-cp311-cp311-manylinux_2_28_aarch64.whl" in files    # PyPI's CUDA build
         assert "nvidia_nccl_cu13-2.30.7-py3-none-manylinux_2_18_aarch64.whl" in files
         assert "nvidia_cudnn_cu13-9.26.0.51-py3-none-manylinux_2_27_aarch64.whl" in files
         # verify without a GPU, 2 ranks over Gloo, all under emulation
-        report = tmp_path / "report.json"
-        r = run_envbuilder("verify", str(out), "--image", info["tag"], "--runtime", "docker", "--ranks", "2",
-                           "--no-gpu", "--report", str(report), timeout=3600)
-        assert r.code == 0, r.out[-3000:] + r.err[-3000:]
-        checks = checks_of(report)
+        checks = verify_without_gpu(out, info, tmp_path)
         assert checks["versions.arch"]["status"] == "pass" and checks["versions.arch"]["figure"] == "aarch64"
         # the CUDA stack read from the aarch64 libraries themselves
         assert checks["versions.cuda_runtime"]["figure"] == "13.2", checks["versions.cuda_runtime"]
@@ -149,34 +160,23 @@ def test_gh200_preset_builds_and_verifies_without_gpu_under_emulation(tmp_path_f
         assert checks["versions.cuda_arch"]["status"] == "pass", checks["versions.cuda_arch"]   # sm_90 for GH200
         assert checks["dist.init[torch]"]["status"] == "pass"
         assert checks["gpu.visible"]["status"] == "skip"
-        assert json.loads(report.read_text())["gpu_checks"] == "left out"
-    finally:
-        docker("rmi", "-f", info["tag"], check=False)
+        assert json.loads((tmp_path / "report.json").read_text())["gpu_checks"] == "left out"
 
 
 @long_build
 def test_gh200_horovod_preset_builds_its_nccl_operations_and_verifies_without_gpu(tmp_path_factory, tmp_path):
-    # Horovod 0.28.1's NCCL operations compiled with the aarch64 nvcc for sm_90+ under qemu: about
-    # an hour of both cores here (docs/aarch64.md, "Horovod for GH200")
-    out = tmp_path_factory.mktemp("aarch64") / "torch215-horovod-pypi-aarch64"
-    info = build("torch215-horovod-pypi-aarch64", out)
-    try:
-        assert image_arch(info["tag"]) == "arm64"
+    # Horovod 0.28.1's NCCL operations compiled with the aarch64 nvcc for sm_90+ under qemu 11: 1,589 s
+    # from cold here, Horovod's compile 1,098 s of it (docs/aarch64.md, "Horovod for GH200")
+    with built(tmp_path_factory, "torch215-horovod-pypi-aarch64") as (out, info):
         aarch64_wheels_only(out)
-        report = tmp_path / "report.json"
-        r = run_envbuilder("verify", str(out), "--image", info["tag"], "--runtime", "docker", "--ranks", "2",
-                           "--no-gpu", "--report", str(report), timeout=3600)
-        assert r.code == 0, r.out[-3000:] + r.err[-3000:]
-        checks = checks_of(report)
+        checks = verify_without_gpu(out, info, tmp_path)
         assert checks["versions.arch"]["figure"] == "aarch64"
         assert checks["versions.cuda_arch"]["status"] == "pass", checks["versions.cuda_arch"]
-        built = checks["horovod.build"]
-        assert built["status"] == "pass", built
-        flags = built["ranks"]["0"]["data"]["flags"]
+        hvd_build = checks["horovod.build"]
+        assert hvd_build["status"] == "pass", hvd_build
+        flags = hvd_build["ranks"]["0"]["data"]["flags"]
         assert flags["nccl_built"] == 23007 and flags["mpi_built"] and flags["cuda_built"], flags   # NCCL 2.30.7
         # Horovod's own kernels, read from its library: the sm_90 cubin GH200 runs, and newer
         kernels = checks["horovod.cuda_arch"]
         assert kernels["status"] == "pass" and kernels["figure"] == "9.0 10.0 11.0 12.0 +PTX 12.0", kernels
         assert checks["versions.horovod"]["status"] == "pass"
-    finally:
-        docker("rmi", "-f", info["tag"], check=False)

@@ -509,7 +509,8 @@ def check_horovod_cuda_arch(expect, binding):
 
 
 def covers_ptx(ptx, arch):
-    """PTX for PTX runs, JIT-compiled by the driver, on ARCH when ARCH is no older."""
+    """Kernels shipped as PTX for arch PTX run on ARCH (the driver JIT-compiles them) when ARCH is
+    no older."""
     return tuple(int(x) for x in ptx.split(".")) <= tuple(int(x) for x in arch.split("."))
 
 

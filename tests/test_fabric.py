@@ -401,3 +401,21 @@ def test_transport_logging_goes_to_the_run_folder_and_keeps_the_users_own(tmp_pa
     mine = {"UCX_LOG_FILE": "/elsewhere.log", "OMPI_MCA_pml_base_verbose": "5"}
     fab.transport_logging_setup(str(tmp_path / "b"), mine)
     assert mine == {"UCX_LOG_FILE": "/elsewhere.log", "OMPI_MCA_pml_base_verbose": "5"}
+
+
+def test_no_transport_reported_is_judged_by_the_launchers_container():
+    # every run failed before reporting its transports (MPICH's UCX start-up, seen under load in
+    # CI): the fabric check looks at the launcher's own container instead of skipping
+    failed = [{"name": "mpi.allreduce[mpi4py]", "status": "fail", "detail": "exit 15: MPIDI_UCX_comm_addr_exchange"}]
+    res = fab.judge(failed, "ib", devices=NO_DEVICE, host="mc-n1")
+    assert res["status"] == "fail", res
+    assert res["detail"] == ("fabric ib promises RDMA between nodes; no run reported its transports (failed: "
+                             "mpi.allreduce[mpi4py]) and on mc-n1 no RDMA device visible to the rank: /dev/infiniband "
+                             "absent (no HCA on the node, or the container runtime does not pass /dev/infiniband in)")
+    res = fab.judge(failed, "slingshot", devices=NO_DEVICE, host="nid001")
+    assert res["status"] == "fail" and "/dev/cxi* absent" in res["detail"]
+    # the device is there, or nothing failed, or TCP is the promise: nothing to blame, still a skip
+    hca = {**NO_DEVICE, "dev_infiniband": True, "ib_devices": ["mlx5_0"]}
+    assert fab.judge(failed, "ib", devices=hca)["status"] == "skip"
+    assert fab.judge([], "ib", devices=NO_DEVICE)["status"] == "skip"
+    assert fab.judge(failed, "tcp", devices=NO_DEVICE)["status"] == "skip"

@@ -409,12 +409,10 @@ def rank_result(tag, controller, nccl=None):
 
 # ----------------------------------------------------------------------------- the report
 
-def _cause(layer_name, layer, obs, kind):
-    dev = obs.get("devices") or {}
-    if layer.get("plugin_missing"):
-        return ("NCCL's network plugin did not load (plugin/NCCL/libfabric mismatch: aws-ofi-nccl "
-                "#241, #1055): NCCL uses its internal sockets")
-    if kind in ("ib", "roce") and (not dev.get("dev_infiniband") or layer.get("no_ib_device")):
+def missing_device(kind, dev, no_ib_device=False):
+    """Why a container that sees DEV (rdma_devices) cannot use fabric KIND's RDMA; None when the
+    fabric's device is there."""
+    if kind in ("ib", "roce") and (not dev.get("dev_infiniband") or no_ib_device):
         return ("no RDMA device visible to the rank: /dev/infiniband absent (no HCA on the node, or "
                 "the container runtime does not pass /dev/infiniband in)")
     if kind in ("ib", "roce") and not dev.get("ib_devices"):
@@ -426,6 +424,16 @@ def _cause(layer_name, layer, obs, kind):
         return "no Slingshot device visible in the container: /dev/cxi* absent"
     if kind == "efa" and not dev.get("efa"):
         return "no EFA device visible in the container (/sys/class/infiniband has no efa_*)"
+    return None
+
+
+def _cause(layer_name, layer, obs, kind):
+    if layer.get("plugin_missing"):
+        return ("NCCL's network plugin did not load (plugin/NCCL/libfabric mismatch: aws-ofi-nccl "
+                "#241, #1055): NCCL uses its internal sockets")
+    missing = missing_device(kind, obs.get("devices") or {}, layer.get("no_ib_device"))
+    if missing:
+        return missing
     if kind in ("ib", "roce", "efa") and not obs.get("verbs_provider"):
         return "provider library missing in the image: no libibverbs provider (ibverbs-providers)"
     if layer_name == "mpi" and layer.get("pml") == "ob1":
@@ -436,13 +444,23 @@ def _cause(layer_name, layer, obs, kind):
     return "a device is visible but the layer chose TCP: check its settings (%s)" % layer.get("via", "")
 
 
-def judge(checks, kind=None):
-    """One `fabric` check from every run's fabric.transport results (None when no fabric was set)."""
+def judge(checks, kind=None, devices=None, host=None):
+    """One `fabric` check from every run's fabric.transport results (None when no fabric was set).
+    When no run reported its transports (each failed first) the launcher's own container is
+    looked at (DEVICES, HOST: rdma_devices() and this machine): a missing RDMA device is then
+    the fabric's failure, named, beside the runs' own."""
     kind = fabric() if kind is None else kind
     if not kind:
         return None
     seen = [c for c in checks if c["name"].startswith("fabric.transport")]
     if not seen:
+        failed = [c["name"] for c in checks if c.get("status") == FAIL]
+        missing = missing_device(kind, rdma_devices() if devices is None else devices) \
+            if kind in RDMA_FABRICS and failed else None
+        if missing:
+            return result("fabric", FAIL, "fabric %s promises RDMA between nodes; no run reported its transports "
+                          "(failed: %s) and on %s %s" % (kind, ", ".join(failed), host or socket.gethostname(),
+                                                         missing), "no RDMA device", {"fabric": kind})
         return result("fabric", SKIP, "not run: no run reported its transports (fabric: %s)" % kind)
     rows, failures, hosts = [], [], set()
     for c in seen:

@@ -208,7 +208,7 @@ def test_mpich_wheel_on_fabric_ib_without_rdma_fails_naming_ucx_over_tcp(cluster
     t0 = time.time()
     code, c, out = verify_report(cluster, folder, directory)
     crashed = 0
-    while "no run reported its transports" in c["fabric"]["detail"] and crashed < 2:
+    while "no run reported its transports" in c["fabric"]["detail"]:
         # MPICH's UCX start-up failed before any rank reported its transports (in CI with both
         # workers busy, 2026-11-27 and 11-28: MPIDI_UCX_comm_addr_exchange, Invalid parameter; alone
         # it passes in 25-40 s). The fabric check then judges the launcher's own container: a named

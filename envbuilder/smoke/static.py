@@ -427,7 +427,7 @@ def compiled_archs(fw_mod):
         except Exception:  # noqa: BLE001
             return None
         found = re.findall(r"(\d+)", " ".join(flags))
-    out = sorted({"%s.%s" % (f[:-1], f[-1]) for f in found}, key=lambda v: tuple(int(x) for x in v.split(".")))
+    out = sorted({"%s.%s" % (f[:-1], f[-1]) for f in found}, key=arch_key)
     return out or None
 
 
@@ -463,12 +463,15 @@ def check_cuda_libraries(expect, fw_mod):
     return out
 
 
+def arch_key(v):
+    """A compute capability as a comparable tuple: "8.6" -> (8, 6)."""
+    return tuple(int(x) for x in v.split("."))
+
+
 def covers(have, arch):
     """Kernels for ARCH exist: built for it exactly, or for an older one of the same major
     (binary compatibility within a major, CUDA C programming guide)."""
-    def t(v):
-        return tuple(int(x) for x in v.split("."))
-    return any(h == arch or (t(h)[0] == t(arch)[0] and t(h) <= t(arch)) for h in have)
+    return any(h == arch or (arch_key(h)[0] == arch_key(arch)[0] and arch_key(h) <= arch_key(arch)) for h in have)
 
 
 def check_horovod_cuda_arch(expect, binding):
@@ -495,23 +498,15 @@ def check_horovod_cuda_arch(expect, binding):
     figure = " ".join(cubins) + (" +PTX %s" % " ".join(ptx) if ptx else "") or "none"
     where = ", ".join(os.path.basename(p) for p in libs)
 
-    def served(arch):
-        # a cubin of the same major no newer (binary compatibility), or PTX no newer (JIT-compiled)
-        return covers(cubins, arch) or any(covers_ptx(p, arch) for p in ptx)
-
-    missing = [a for a in want if not served(a)]
+    # served by a cubin of the same major no newer (binary compatibility), or by PTX no newer (the
+    # driver JIT-compiles it)
+    missing = [a for a in want if not (covers(cubins, a) or any(arch_key(p) <= arch_key(a) for p in ptx))]
     if missing:
         return [result(name, FAIL, "no Horovod kernels for %s in %s (built for %s): its GPU operations fail there "
                        "with 'no kernel image is available'; rebuild with HOROVOD_BUILD_CUDA_CC_LIST naming them "
                        "(envbuilder sets it from cuda.compute_capability)" % (", ".join(missing), where, figure),
                        figure=figure)]
     return [result(name, PASS, "built for %s (%s); covers %s" % (figure, where, ", ".join(want)), figure=figure)]
-
-
-def covers_ptx(ptx, arch):
-    """Kernels shipped as PTX for arch PTX run on ARCH (the driver JIT-compiles them) when ARCH is
-    no older."""
-    return tuple(int(x) for x in ptx.split(".")) <= tuple(int(x) for x in arch.split("."))
 
 
 def check_gpu_visible(expect, fw_mod, no_gpu):

@@ -5,7 +5,7 @@
 # horovod.torch and tensorflow is kept.
 #
 # Horovod is not compiled here: it is the cpu-torch preset's own build, taken from its image.
-# `envbuilder build recipes/cpu-torch.yaml` with the tests' flags makes that image (the tests'
+# `envbuilder build recipes/cpu-torch-horovod.yaml` with the tests' flags makes that image (the tests'
 # `torch_image` then comes from Docker's build cache), and its venv's Horovod (built on the same
 # Debian 12, Python 3.11, Open MPI 4.1.4 and torch 2.13.0+cpu wheel as this environment) is copied
 # in. On a bare machine that is one Horovod compile for both instead of two (the host one took
@@ -44,7 +44,7 @@ trap cleanup EXIT
 log "building the cpu-torch preset's image (its Horovod compile is this environment's)"
 /usr/bin/python3 -m venv "$work/envbuilder"
 pip "$work/envbuilder/bin/python" .
-"$work/envbuilder/bin/envbuilder" build recipes/cpu-torch.yaml --out "$work/cpu-torch" --ca-bundle "$CA" \
+"$work/envbuilder/bin/envbuilder" build recipes/cpu-torch-horovod.yaml --out "$work/cpu-torch" --ca-bundle "$CA" \
     --wheelhouse "$wheelhouse" >&2
 tag=$("$work/envbuilder/bin/python" -c 'import json, sys; print(json.load(open(sys.argv[1]))["image"]["tag"])' \
     "$work/cpu-torch/manifest.json")

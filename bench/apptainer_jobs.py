@@ -165,7 +165,7 @@ def measure(args, ac_work: Path, mc_work: Path, made: list[Path]) -> int:
     wheels = "/opt/wheels"
     t0 = time.time()
     img = ac_work / "cpu-torch"
-    envbuilder("build", "recipes/cpu-torch.yaml", "--site", "minicluster-apptainer", "--out", str(img), "--sif",
+    envbuilder("build", "recipes/cpu-torch-horovod.yaml", "--site", "minicluster-apptainer", "--out", str(img), "--sif",
                "--ca-bundle", CA, "--wheelhouse", wheels)
     sif = str(img / "cpu-torch-horovod.sif")
     image_tag = json.loads((img / "manifest.json").read_text())["image"]["tag"]
@@ -176,11 +176,11 @@ def measure(args, ac_work: Path, mc_work: Path, made: list[Path]) -> int:
                            (ROOT / "sites" / "minicluster-apptainer.yaml").read_text())
                     .replace("name: minicluster-apptainer", "name: ac-busy"))
     busy = ac_work / "busy"
-    envbuilder("build", "recipes/cpu-torch.yaml", "--site", str(site), "--no-build", "--out", str(busy))
+    envbuilder("build", "recipes/cpu-torch-horovod.yaml", "--site", str(site), "--no-build", "--out", str(busy))
     chown_tree(ac_work)
     t0 = time.time()
     mc = mc_work / "cpu-torch"
-    envbuilder("build", "recipes/cpu-torch.yaml", "--site", "minicluster", "--no-build", "--out", str(mc))
+    envbuilder("build", "recipes/cpu-torch-horovod.yaml", "--site", "minicluster", "--no-build", "--out", str(mc))
     cache = MC / "shared" / "charliecloud"
     cache.mkdir(parents=True, exist_ok=True)
     before = set(cache.iterdir())

@@ -1,6 +1,6 @@
 """envbuilder against hpccm and a plain Dockerfile, on the same stack and the same engine.
 
-For each stack (torch: recipes/cpu-torch.yaml, tf: recipes/cpu-tf.yaml) and each builder
+For each stack (torch: recipes/cpu-torch-horovod.yaml, tf: recipes/cpu-tf-horovod.yaml) and each builder
 (envbuilder, hpccm: bench/hpccm_recipe.py, plain: bench/plain/Dockerfile.STACK) it measures:
 
   size      image size (docker image inspect .Size) and its ratio to the payload (bench/payload.py,
@@ -42,8 +42,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
 STACKS = {
-    "torch": {"recipe": "recipes/cpu-torch.yaml", "name": "cpu-torch-horovod"},
-    "tf": {"recipe": "recipes/cpu-tf.yaml", "name": "cpu-tf-horovod"},
+    "torch": {"recipe": "recipes/cpu-torch-horovod.yaml", "name": "cpu-torch-horovod"},
+    "tf": {"recipe": "recipes/cpu-tf-horovod.yaml", "name": "cpu-tf-horovod"},
 }
 BUILDERS = ("envbuilder", "hpccm", "plain")
 PINS = ("six==1.16.0", "six==1.17.0")      # the extra pin, before and after the rebuild
@@ -529,7 +529,7 @@ def fake_results() -> dict:
         "envbuilder": builder(1_150_000_000, 1_100_000_000, 600.0, 60.0, 51.0),
         "hpccm": builder(1_300_000_000, 1_150_000_000, 650.0, 90.0, 51.5),
         "plain": builder(1_600_000_000, 1_150_000_000, 620.0, 30.0, 52.0)}}},
-        "render": {"cpu-torch.yaml": {"median_s": 0.6, "max_s": 0.7, "runs": 5}}}
+        "render": {"cpu-torch-horovod.yaml": {"median_s": 0.6, "max_s": 0.7, "runs": 5}}}
 
 
 # ---- command line ---------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Docker (BuildKit) against buildah on one lock: cold build time, image size, digests.
 
-The stack is recipes/cpu-torch.yaml without Horovod (torch 2.13.0+cpu from the wheelhouse). One
+The stack is recipes/cpu-torch-horovod.yaml without Horovod (torch 2.13.0+cpu from the wheelhouse). One
 lock is made first; then, in one run and in this order: a Docker build of the locked Dockerfile
 with --no-cache, and `envbuilder build --engine buildah --check-reproducible` (two cold builds).
 It prints a table: seconds, the buildah/Docker ratio, image sizes and the image digests (Docker's
@@ -42,7 +42,7 @@ def envbuilder(*args, env=None) -> subprocess.CompletedProcess:
 
 
 def spec_file(work: Path) -> Path:
-    text = (REPO / "recipes" / "cpu-torch.yaml").read_text()
+    text = (REPO / "recipes" / "cpu-torch-horovod.yaml").read_text()
     text = re.sub(r"^horovod:.*\n", "", text, flags=re.M)
     text = re.sub(r"^name: .*$", "name: cpu-torch-bench", text, flags=re.M)
     path = work / "cpu-torch-bench.yaml"

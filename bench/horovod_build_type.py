@@ -3,7 +3,7 @@ the catalog's `horovod_release_build` fix makes (-O3, no -g): wall seconds and t
 before and after `strip --strip-debug` (what every envbuilder image does to it), side by side.
 
 Each run unpacks the hash-checked sdist into a fresh folder and builds it as the preset's image
-does (recipes/cpu-torch.yaml for torch, recipes/cpu-tf.yaml for TensorFlow): the source fixes and
+does (recipes/cpu-torch-horovod.yaml for torch, recipes/cpu-tf-horovod.yaml for TensorFlow): the source fixes and
 HOROVOD_* flags come from envbuilder.plan.components.horovod for that preset's stack, then
 `setup.py build_ext` runs with the given Python (which must hold the preset's framework release: by
 default the host smoke environment, /opt/envbuilder-smoke-venv) and the host's MPI (mpicc on PATH).
@@ -36,7 +36,7 @@ from envbuilder.plan.components.horovod import build_flags, patches  # noqa: E40
 from envbuilder.stack import Stack, resolve  # noqa: E402
 from envbuilder.spec.model import load_spec  # noqa: E402
 
-PRESET = {"pytorch": "cpu-torch.yaml", "tensorflow": "cpu-tf.yaml"}
+PRESET = {"pytorch": "cpu-torch-horovod.yaml", "tensorflow": "cpu-tf-horovod.yaml"}
 MODULE = {"pytorch": "torch", "tensorflow": "tensorflow"}
 RELEASE_FIX = "horovod_release_build"
 

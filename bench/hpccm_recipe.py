@@ -5,7 +5,7 @@
 #   hpccm --recipe bench/hpccm_recipe.py --format docker --userarg framework=tf    > Dockerfile
 #   (optional: --userarg pip=six:1.16.0 adds the extra pip pins the benchmark changes)
 #
-# Same stack as recipes/cpu-torch.yaml / recipes/cpu-tf.yaml: Debian bookworm base made locally,
+# Same stack as recipes/cpu-torch-horovod.yaml / recipes/cpu-tf-horovod.yaml: Debian bookworm base made locally,
 # Python 3.11 in /opt/venv, torch 2.13.0+cpu (wheelhouse) or tensorflow-cpu 2.15.1, Horovod 0.28.1
 # with MPI + Gloo (C++17 fix for torch), Debian's Open MPI. hpccm 26.5 (PyPI).
 #

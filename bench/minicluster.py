@@ -30,7 +30,7 @@ CONF = "/var/lib/envbuilder-minicluster/etc/slurm.conf"
 PYTHON = os.environ.get("ENVBUILDER_SMOKE_PYTHON", "/opt/envbuilder-smoke-venv/bin/python")
 # verify's name -> (recipe, {figure name: bandwidth check}); cpu-torch's verify runs Horovod's
 # mpi and gloo controllers one after the other in the same job
-STACKS = {"horovod-mpi+gloo": ("cpu-torch.yaml", {"horovod-mpi": "perf.allreduce[mpi]",
+STACKS = {"horovod-mpi+gloo": ("cpu-torch-horovod.yaml", {"horovod-mpi": "perf.allreduce[mpi]",
                                                   "horovod-gloo": "perf.allreduce[gloo]"}),
           "torch-gloo": ("cpu-torch-ddp.yaml", {"torch-gloo": "perf.allreduce[torch]"})}
 

@@ -8,7 +8,7 @@ over Gloo (cpu-torch) and torch.distributed over Gloo (cpu-torch-ddp).
 
 Each figure is the median over PAIRS of container/host ratios at the largest message, run back to
 back in ABBA order (container then host, host then container), which cancels load that drifts
-during the pairs. Needs the images built (`envbuilder build recipes/cpu-torch.yaml`, ...) and the
+during the pairs. Needs the images built (`envbuilder build recipes/cpu-torch-horovod.yaml`, ...) and the
 cluster up (tools/minicluster start); every rank, node and daemon shares this machine's cores.
 """
 

@@ -64,11 +64,11 @@ def hvd_sif(ac_shared):
     "cpu-torch", builds it from the build cache) and written as a .sif beside job.sbatch."""
     base_image()
     out = ac_shared / "cpu-torch"
-    probe = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), *SITE, "--no-build", "--out", str(out))
+    probe = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), *SITE, "--no-build", "--out", str(out))
     assert probe.code == 0, probe.err
     keep_for_run(json.loads((out / "manifest.json").read_text())["image"]["tag"])
     t0 = time.time()
-    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), *SITE, "--out", str(out), "--sif",
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), *SITE, "--out", str(out), "--sif",
                        "--ca-bundle", CA_BUNDLE, "--wheelhouse", wheelhouse(), timeout=2400)
     assert r.code == 0, r.err[-3000:]
     print(f"\ncpu-torch: build (cached) + envbuilder's .sif {time.time() - t0:.0f} s")
@@ -139,7 +139,7 @@ def test_the_singularity_name_runs_a_horovod_allreduce_across_two_nodes(hvd_sif)
 
 
 def build_job(out: Path, *args: str) -> Path:
-    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), *SITE, "--no-build", "--out", str(out), *args)
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), *SITE, "--no-build", "--out", str(out), *args)
     assert r.code == 0, r.err
     chown_tree(out, BUILDER_UID)
     return out

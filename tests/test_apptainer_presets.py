@@ -39,8 +39,8 @@ def locked_and_built(recipe, out, *extra: str) -> tuple[str, float]:
 
 
 @pytest.mark.parametrize("recipe,verify_extra,build_extra", [
-    ("cpu-torch.yaml", (), ("wheelhouse",)),
-    pytest.param("cpu-tf.yaml", (), (), marks=long_build),
+    ("cpu-torch-horovod.yaml", (), ("wheelhouse",)),
+    pytest.param("cpu-tf-horovod.yaml", (), (), marks=long_build),
     pytest.param("torch-ddp-pypi.yaml", ("--no-gpu",), (), marks=long_build),
 ])
 def test_preset_definition_file_built_by_apptainer_verified_and_compared(tmp_path, recipe, verify_extra, build_extra):

@@ -329,14 +329,14 @@ def _site(tmp_path: Path, text: str) -> Path:
     ("attestation: warn\nattestation_keys: ['/k.pub; rm -rf /']\n", "attestation_keys"),
 ])
 def test_site_attestation_keys_are_checked(tmp_path, text, words):
-    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(tmp_path / "out"),
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--no-build", "--out", str(tmp_path / "out"),
                        "--site", str(_site(tmp_path, text)))
     assert r.code == 2 and words in r.err and "Traceback" not in r.err, r.err
     assert not (tmp_path / "out").exists()
 
 
 def test_off_writes_no_gate(tmp_path):
-    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(tmp_path / "out"),
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--no-build", "--out", str(tmp_path / "out"),
                        "--site", str(_site(tmp_path, "attestation: \"off\"\nattestation_keys: [/k.pub]\n")))
     assert r.code == 0, r.err
     assert "attest_gate" not in (tmp_path / "out" / "job.sbatch").read_text()
@@ -346,7 +346,7 @@ def test_off_writes_no_gate(tmp_path):
 
 def gated_folder(tmp_path: Path, policy: str, pub: Path) -> Path:
     out = tmp_path / f"job-{policy}"
-    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(out), "--site",
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--no-build", "--out", str(out), "--site",
                        str(_site(tmp_path, f"attestation: {policy}\nattestation_keys: [{pub}]\n")))
     assert r.code == 0, r.err
     text = (out / "job.sbatch").read_text()

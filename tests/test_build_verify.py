@@ -48,7 +48,7 @@ def build(recipe: Path, out: Path, ca: Path, *extra: str):
 @pytest.fixture(scope="module")
 def torch_image(tmp_path_factory, ca_bundle):
     out = tmp_path_factory.mktemp("torch") / "cpu-torch"
-    r = build(RECIPES / "cpu-torch.yaml", out, ca_bundle, "--wheelhouse", wheelhouse())
+    r = build(RECIPES / "cpu-torch-horovod.yaml", out, ca_bundle, "--wheelhouse", wheelhouse())
     assert r.code == 0, r.err[-3000:]
     info = json.loads((out / "image.json").read_text())
     yield out, info, r
@@ -177,7 +177,7 @@ def test_unresolvable_package_fails_at_the_lock_step_before_anything_is_written(
     """A build locks first, then writes its folder once: a lock that cannot be resolved writes
     nothing (the folder keeps what `build --no-build` wrote there first, and gets no lock)."""
     spec = tmp_path / "bad.yaml"
-    text = (RECIPES / "cpu-torch.yaml").read_text()
+    text = (RECIPES / "cpu-torch-horovod.yaml").read_text()
     spec.write_text(text.replace("name: cpu-torch-horovod", "name: cpu-torch-broken")
                     + "packages: {pip: [\"envbuilder-no-such-package==9.9.9\"]}\n")
     out = tmp_path / "out"

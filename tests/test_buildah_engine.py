@@ -31,8 +31,8 @@ ROOTLESS_USER = "ebbuildah"
 
 
 def cpu_torch_spec(folder: Path, name: str = "cpu-torch-buildah", base: str | None = None) -> Path:
-    """recipes/cpu-torch.yaml without Horovod (and optionally another base image)."""
-    text = (RECIPES / "cpu-torch.yaml").read_text()
+    """recipes/cpu-torch-horovod.yaml without Horovod (and optionally another base image)."""
+    text = (RECIPES / "cpu-torch-horovod.yaml").read_text()
     text = re.sub(r"^horovod:.*\n", "", text, flags=re.M)
     text = re.sub(r"^name: .*$", f"name: {name}", text, flags=re.M)
     text = text.replace(" + Horovod (MPI, Gloo)", "")

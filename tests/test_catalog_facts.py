@@ -49,7 +49,7 @@ def test_no_catalog_fact_is_written_as_code(fact):
 
 def test_the_pytorch_index_comes_from_the_catalog():
     cat = load_catalog()
-    gpu = _stack("gpu-pytorch.yaml")
+    gpu = _stack("torch-horovod-gpu.yaml")
     cuda = gpu.spec.cuda.version.split(".")
     assert gpu.framework_index_url == cat.data["indexes"]["pytorch"]["cuda"].format(cuda="".join(cuda[:2]))
     assert gpu.framework_index_url.endswith("/cu" + "".join(cuda[:2]))
@@ -63,7 +63,7 @@ def test_the_runtime_stage_of_a_cuda_devel_base_is_its_runtime_flavour():
     assert cat.runtime_image("nvidia/cuda:12.4.1-cudnn-devel-ubuntu22.04") == \
         "nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04"
     assert cat.runtime_image("local/debian:bookworm") is None
-    stack = _stack("gpu.yaml")
+    stack = _stack("tf-horovod-gpu.yaml")
     assert "-devel-" in stack.base and stack.runtime_base == cat.runtime_image(stack.base)
 
 

@@ -212,7 +212,7 @@ def test_cuda_from_pypi_copies_the_nvidia_wheels_as_a_runtime_layer_of_their_own
     assert apptainer.count("/opt/venv /opt/venv") == 1 and f"{nvidia} {nvidia}" not in apptainer
     # a CPU stack copies its venv in one piece, from the devel stage itself
     cpu = tmp_path / "cpu"
-    assert cli("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(cpu)).code == 0
+    assert cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--no-build", "--out", str(cpu)).code == 0
     docker = (cpu / "Dockerfile").read_text()
     assert "COPY --from=devel /opt/venv /opt/venv" in docker and "-rest" not in docker
 
@@ -230,7 +230,7 @@ def test_horovod_on_a_gcc13_base_gets_the_include_fix_and_bookworm_keeps_its_cac
     whose catalog g++ is 13 or newer, the Horovod step adds the headers through CXXFLAGS (kept
     after any CXXFLAGS of its own), in the Dockerfile and the definition file alike; on Debian 12
     (g++ 12.2) the step is unchanged, so its build cache still holds."""
-    text = (RECIPES / "cpu-torch.yaml").read_text()
+    text = (RECIPES / "cpu-torch-horovod.yaml").read_text()
     for old, new in (("base: local/debian:bookworm-slim", "base: ubuntu:24.04"), ('python: "3.11"', 'python: "3.12"'),
                      ('version: "4.1.4", pmi', 'version: "4.1.6", pmi')):
         assert old in text
@@ -238,7 +238,7 @@ def test_horovod_on_a_gcc13_base_gets_the_include_fix_and_bookworm_keeps_its_cac
     spec = tmp_path / "u24.yaml"
     spec.write_text(text)
     flags = 'export CXXFLAGS="${CXXFLAGS:-} -include string -include cstdint -include stdexcept'
-    for path, out, applied in ((spec, tmp_path / "u24", True), (RECIPES / "cpu-torch.yaml", tmp_path / "bookworm", False)):
+    for path, out, applied in ((spec, tmp_path / "u24", True), (RECIPES / "cpu-torch-horovod.yaml", tmp_path / "bookworm", False)):
         r = cli("build", str(path), "--no-build", "--out", str(out))
         assert r.code == 0, r.err
         dockerfile = (out / "Dockerfile").read_text()

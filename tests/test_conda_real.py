@@ -157,7 +157,7 @@ def test_a_package_whose_hash_differs_from_the_lock_is_refused_naming_it_and_the
 def conda_spec(tmp_path: Path) -> Path:
     """The cpu-torch preset (its layers are the suite's most built) with one conda package."""
     spec = tmp_path / "conda.yaml"
-    spec.write_text((RECIPES / "cpu-torch.yaml").read_text().replace(
+    spec.write_text((RECIPES / "cpu-torch-horovod.yaml").read_text().replace(
         "horovod: {version", f"packages: {{conda: [\"{HELLO}>=1.0\"]}}\nhorovod: {{version"))
     return spec
 

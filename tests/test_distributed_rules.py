@@ -15,7 +15,7 @@ CPU_DDP = (RECIPES / "cpu-torch-ddp.yaml").read_text()
 GPU_DDP = (RECIPES / "gpu-torch-ddp.yaml").read_text()
 ARM_DDP = (RECIPES / "gpu-torch-ddp-aarch64.yaml").read_text()
 HVD_CU12 = (RECIPES / "gpu-torch-horovod-cu12.yaml").read_text()
-CPU_HVD = (RECIPES / "cpu-torch.yaml").read_text()
+CPU_HVD = (RECIPES / "cpu-torch-horovod.yaml").read_text()
 TF_GPU = """\
 name: tf
 framework: {name: tensorflow, version: "2.21.0"}
@@ -146,7 +146,7 @@ def test_a_horovod_spec_keeps_its_hash_and_manifest(cli, tmp_path):
     """Specs that only name horovod: no `distributed` in the canonical form or the manifest."""
     import json
 
-    r = cli("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(tmp_path / "o"))
+    r = cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--no-build", "--out", str(tmp_path / "o"))
     assert r.code == 0, r.err
     man = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert "distributed" not in man["expect"] and "distributed" not in man["spec"]

@@ -15,15 +15,15 @@ def test_no_engine_running_writes_no_unlocked_files_and_names_no_build(cli, tmp_
     nothing (a folder of unpinned files would not be what the build builds) and names --no-build,
     which writes the files alone; an existing folder is left as it was."""
     out = tmp_path / "out"
-    r = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out),
+    r = cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(out),
             env={"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock"})
     assert r.code == 1, r.err
     assert "docker engine: no Docker engine answers" in r.err
     assert "--no-build" in r.err and "Traceback" not in r.err
     assert not out.exists()
-    assert cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out), "--no-build").code == 0
+    assert cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(out), "--no-build").code == 0
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    r = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out),
+    r = cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(out),
             env={"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock"})
     assert r.code == 1, r.err
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
@@ -34,7 +34,7 @@ def test_apptainer_engine_names_the_command_it_would_run(cli, tmp_path):
         import pytest
         pytest.skip("apptainer is installed: this test is for machines without it")
     out = tmp_path / "out"
-    r = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out), "--engine", "apptainer",
+    r = cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(out), "--engine", "apptainer",
             "--ca-bundle", "/etc/ssl/certs/ca-certificates.crt",
             env={"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock"})
     assert r.code == 1
@@ -53,7 +53,7 @@ def test_apptainer_command_binds_what_the_header_names(tmp_path):
     from envbuilder.generate import generate
     from envbuilder.spec.model import load_spec
 
-    output = generate(load_spec(RECIPES / "cpu-torch.yaml"))
+    output = generate(load_spec(RECIPES / "cpu-torch-horovod.yaml"))
     (tmp_path / "wheels").mkdir()
     opts = BuildOptions(engine="apptainer", wheelhouse=str(tmp_path / "wheels"), ca_bundle="/ca.pem",
                         netrc="/n/netrc")
@@ -107,10 +107,10 @@ def test_apptainer_fakeroot_prerequisites_are_named(tmp_path, monkeypatch):
 
 
 def test_missing_ca_bundle_and_wheelhouse_are_bad_input(cli, tmp_path):
-    r = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "o"),
+    r = cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(tmp_path / "o"),
             "--ca-bundle", str(tmp_path / "nope.pem"))
     assert r.code == 2 and "--ca-bundle: no such file" in r.err
-    r = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "o"),
+    r = cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(tmp_path / "o"),
             "--wheelhouse", str(tmp_path / "nowhere"))
     assert r.code == 2 and "--wheelhouse: no such folder" in r.err
 
@@ -134,13 +134,13 @@ def test_the_ca_bundle_the_hosts_pip_trusts_goes_to_the_build_saying_so(cli, tmp
     bundle = tmp_path / "proxy-ca.pem"
     bundle.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
     dead = {"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock", "PIP_CERT": str(bundle)}
-    r = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "a"), env=dead)
+    r = cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(tmp_path / "a"), env=dead)
     assert r.code == 1 and "Traceback" not in r.err, r.err
     assert f"note: this machine's pip trusts {bundle} (PIP_CERT): the build gets it as with --ca-bundle" in r.err
-    given = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "b"),
+    given = cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(tmp_path / "b"),
                 "--ca-bundle", "/etc/ssl/certs/ca-certificates.crt", env=dead)
     assert given.code == 1 and "this machine's pip trusts" not in given.err, given.err
-    files_only = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "c"), "--no-build", env=dead)
+    files_only = cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(tmp_path / "c"), "--no-build", env=dead)
     assert files_only.code == 0 and "this machine's pip trusts" not in files_only.err
 
 
@@ -194,14 +194,14 @@ def test_no_build_with_a_wheelhouse_leaves_the_wheels_where_the_header_says(cli,
     out = tmp_path / "out"
     (out / "wheelhouse").mkdir(parents=True)
     (out / "wheelhouse" / "mine-1.0-py3-none-any.whl").write_bytes(b"the user's")
-    r = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out), "--no-build", "--wheelhouse", source)
+    r = cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(out), "--no-build", "--wheelhouse", source)
     assert r.code == 0, r.err
     got = out / "wheelhouse" / TORCH_WHEEL
     assert got.is_file() and got.stat().st_size == (Path(source) / TORCH_WHEEL).stat().st_size
     assert (out / "wheelhouse" / "mine-1.0-py3-none-any.whl").read_bytes() == b"the user's"
     assert f"{out}/wheelhouse/: " in r.err and f"local wheel(s) from {source}" in r.err
     assert "--mount=type=bind,source=wheelhouse,target=/wheelhouse" in (out / "Dockerfile").read_text()
-    bad = cli("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "new"), "--no-build",
+    bad = cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(tmp_path / "new"), "--no-build",
               "--wheelhouse", str(tmp_path / "missing"))
     assert bad.code == 2 and "--wheelhouse: no such folder" in bad.err and not (tmp_path / "new").exists()
 

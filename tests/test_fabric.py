@@ -28,7 +28,7 @@ def site(tmp_path, extra: str, name: str = "fab") -> str:
     return str(path)
 
 
-def render(tmp_path, extra: str, recipe: str = "cpu-torch.yaml"):
+def render(tmp_path, extra: str, recipe: str = "cpu-torch-horovod.yaml"):
     tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "out"
     r = run_envbuilder("build", str(RECIPES / recipe), "--site", site(tmp_path, extra), "--no-build",
@@ -257,12 +257,12 @@ def _without_hash(text: str) -> str:
 
 
 @pytest.mark.parametrize("kind, recipe, runtime_pkgs, configure, devel_pkg", [
-    ("ib", "gpu.yaml", ["rdma-core", "libibverbs1", "ibverbs-providers", "librdmacm1", "libucx0", "ucx-utils"],
+    ("ib", "tf-horovod-gpu.yaml", ["rdma-core", "libibverbs1", "ibverbs-providers", "librdmacm1", "libucx0", "ucx-utils"],
      "--with-ucx=/usr", "libucx-dev"),
-    ("slingshot", "gpu.yaml", ["libfabric1"], "--with-ofi=/usr", "libfabric-dev"),
+    ("slingshot", "tf-horovod-gpu.yaml", ["libfabric1"], "--with-ofi=/usr", "libfabric-dev"),
     # Debian's Open MPI (cpu-torch): the packages only, no source build to configure; libfabric is
     # the image's own build (below)
-    ("efa", "cpu-torch.yaml", ["rdma-core", "libibverbs1", "ibverbs-providers", "librdmacm1"], None, None),
+    ("efa", "cpu-torch-horovod.yaml", ["rdma-core", "libibverbs1", "ibverbs-providers", "librdmacm1"], None, None),
 ])
 def test_an_rdma_fabric_puts_its_libraries_in_the_image_and_lints(tmp_path, kind, recipe, runtime_pkgs, configure,
                                                                   devel_pkg):

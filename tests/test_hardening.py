@@ -69,7 +69,7 @@ FIELDS = [f for f in _string_fields() if f.split("[")[0] not in RAW_BY_DESIGN]
 
 
 def _preset() -> dict:
-    return yaml.safe_load((RECIPES / "cpu-torch.yaml").read_text())
+    return yaml.safe_load((RECIPES / "cpu-torch-horovod.yaml").read_text())
 
 
 def _set(data: dict, field: str, value: str) -> None:
@@ -345,7 +345,7 @@ def test_sweep_names_cannot_replace_the_scripts_variables(tmp_path, capsys):
 
 
 def test_gpus_per_node_zero_with_nccl_is_refused(tmp_path, capsys):
-    data = yaml.safe_load((RECIPES / "gpu-pytorch.yaml").read_text())
+    data = yaml.safe_load((RECIPES / "torch-horovod-gpu.yaml").read_text())
     assert "nccl" in data["horovod"]["operations"]
     data.setdefault("cluster", {})["gpus_per_node"] = 0
     code, out, err = _build(tmp_path, data, "g", capsys)

@@ -81,7 +81,7 @@ def test_a_public_workshop_environment_yml_is_refused_naming_the_second_framewor
 def test_the_workshop_environment_with_one_framework_maps_conda_parts_to_the_spec(tmp_path):
     text = (DATA / "perlmutter-horovod-environment.yml").read_text()
     # as the README of that repository would have it today: one framework (the catalog's PyTorch 2.0
-    # with CUDA 11.8, recipes/gpu-pytorch.yaml), Horovod from pip
+    # with CUDA 11.8, recipes/torch-horovod-gpu.yaml), Horovod from pip
     text = text.replace("    - tensorflow-gpu==2.10.0\n", "").replace("pytorch=1.12.0=py3.10_cuda11.3_cudnn8.3.2_0",
                                                                        "pytorch=2.0.1=py3.10_cuda11.8_cudnn8.7.0_0")
     text = text.replace("cudatoolkit=11.3.1=h2bc3f7f_2", "cudatoolkit=11.8.0=h2bc3f7f_2")

@@ -26,7 +26,7 @@ def intel_tf_image(tmp_path_factory):
     cpu-tf's was). It is the suite's one Horovod under TensorFlow: the host environment has
     Horovod's PyTorch binding only (.ci/make-smoke-venv.sh takes it from the cpu-torch image)."""
     out = tmp_path_factory.mktemp("intel-tf") / "cpu-intel-tf-debian"
-    r = build(RECIPES / "cpu-intel-tf-debian.yaml", out, Path(CA_BUNDLE))
+    r = build(RECIPES / "intel-tf-cpu-debian.yaml", out, Path(CA_BUNDLE))
     assert r.code == 0, r.err[-3000:]
     info = json.loads((out / "image.json").read_text())
     yield out, info
@@ -91,5 +91,5 @@ def test_definition_file_built_by_apptainer_verified_and_compared(intel_tf_image
     """The same lock's Apptainer.def (Horovod compiled again, in %post) built by Apptainer: %test
     passes, the same packages as the image above, and verify passes with 2 ranks under Apptainer."""
     out, info = intel_tf_image
-    figures = built_by_apptainer_verified_and_compared(RECIPES / "cpu-intel-tf-debian.yaml", out, info["tag"], tmp_path)
+    figures = built_by_apptainer_verified_and_compared(RECIPES / "intel-tf-cpu-debian.yaml", out, info["tag"], tmp_path)
     print(f"cpu-intel-tf-debian: {figures}")

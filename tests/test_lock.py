@@ -27,7 +27,7 @@ def torch_lock(tmp_path_factory):
     require_docker()
     base_image()
     out = tmp_path_factory.mktemp("lock") / "cpu-torch"
-    r = run_envbuilder("lock", str(RECIPES / "cpu-torch.yaml"), "--out", str(out),
+    r = run_envbuilder("lock", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(out),
                        "--wheelhouse", wheelhouse(), "--json", timeout=900)
     assert r.code == 0, r.err[-3000:]
     return out / "envbuilder.lock", json.loads(r.out)
@@ -86,9 +86,9 @@ def test_build_no_build_renders_from_the_lock_byte_identically(torch_lock, tmp_p
     path, _ = torch_lock
     copy_dir = tmp_path / "elsewhere" / "deep"
     copy_dir.mkdir(parents=True)
-    shutil.copy(RECIPES / "cpu-torch.yaml", copy_dir / "spec.yaml")
+    shutil.copy(RECIPES / "cpu-torch-horovod.yaml", copy_dir / "spec.yaml")
     shutil.copy(path, copy_dir / "my.lock")
-    a = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(tmp_path / "a"),
+    a = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--no-build", "--out", str(tmp_path / "a"),
                        "--lock", str(path))
     b = run_envbuilder("build", "spec.yaml", "--no-build", "--out", str(tmp_path / "b"), "--lock", "my.lock",
                        cwd=copy_dir, env={"TZ": "Pacific/Chatham", "LC_ALL": "C", "LANG": "C",
@@ -129,14 +129,14 @@ def test_build_no_build_renders_from_the_lock_byte_identically(torch_lock, tmp_p
 
 # --- bad locks: one message naming the entry, exit 2, no traceback ------------------------------
 
-def _no_build(path: Path, tmp_path: Path, spec: Path = RECIPES / "cpu-torch.yaml"):
+def _no_build(path: Path, tmp_path: Path, spec: Path = RECIPES / "cpu-torch-horovod.yaml"):
     return run_envbuilder("build", str(spec), "--no-build", "--out", str(tmp_path / "o"), "--lock", str(path))
 
 
 def test_a_lock_that_no_longer_matches_the_spec_is_refused_naming_the_entries(torch_lock, tmp_path):
     path, _ = torch_lock
     spec = tmp_path / "spec.yaml"
-    spec.write_text((RECIPES / "cpu-torch.yaml").read_text().replace(
+    spec.write_text((RECIPES / "cpu-torch-horovod.yaml").read_text().replace(
         "horovod: {version", "packages: {pip: [six==1.16.0], apt: [git]}\nhorovod: {version"))
     r = _no_build(path, tmp_path, spec)
     assert r.code == 2, r.err
@@ -154,7 +154,7 @@ def test_a_lock_that_no_longer_matches_the_spec_is_refused_naming_the_entries(to
 
 def test_a_lock_for_another_spec_is_refused(torch_lock, tmp_path):
     path, _ = torch_lock
-    r = _no_build(path, tmp_path, RECIPES / "cpu-tf.yaml")
+    r = _no_build(path, tmp_path, RECIPES / "cpu-tf-horovod.yaml")
     assert r.code == 2
     assert "name: the lock is for 'cpu-torch-horovod', the spec is 'cpu-tf-horovod'" in r.err
     assert "pip.framework: tensorflow-cpu==2.15.1 is in the spec, not in the lock" in r.err
@@ -222,7 +222,7 @@ def test_update_re_resolves_one_entry_and_keeps_the_rest(torch_lock, tmp_path):
     relock(old, older_filelock)
     before = {e["name"]: e["version"] for g in read(old)["pip"].values() for e in g}
     assert before["filelock"] == "3.13.1"
-    r = run_envbuilder("lock", str(RECIPES / "cpu-torch.yaml"), "--lock", str(old), "--update", "filelock",
+    r = run_envbuilder("lock", str(RECIPES / "cpu-torch-horovod.yaml"), "--lock", str(old), "--update", "filelock",
                        "--wheelhouse", wheelhouse(), "--json", timeout=600)
     assert r.code == 0, r.err[-2000:]
     changes = json.loads(r.out)["changes"]
@@ -230,7 +230,7 @@ def test_update_re_resolves_one_entry_and_keeps_the_rest(torch_lock, tmp_path):
     after = {e["name"]: e["version"] for g in read(old)["pip"].values() for e in g}
     assert after["filelock"] != "3.13.1"
     assert {k: v for k, v in after.items() if k != "filelock"} == {k: v for k, v in before.items() if k != "filelock"}
-    r = run_envbuilder("lock", str(RECIPES / "cpu-torch.yaml"), "--lock", str(old), "--update", "no-such-thing")
+    r = run_envbuilder("lock", str(RECIPES / "cpu-torch-horovod.yaml"), "--lock", str(old), "--update", "no-such-thing")
     assert r.code == 2 and "--update: no-such-thing is not an entry of the lock" in r.err
 
 
@@ -288,7 +288,7 @@ def test_pip_resolution_follows_the_target_python_markers_and_wheels():
 
 def conda_spec(tmp_path: Path) -> Path:
     spec = tmp_path / "conda.yaml"
-    spec.write_text((RECIPES / "cpu-torch.yaml").read_text().replace(
+    spec.write_text((RECIPES / "cpu-torch-horovod.yaml").read_text().replace(
         "horovod: {version", "packages: {conda: [envbuilder-demo-data=1.0, envbuilder-demo-tool==2.1]}\n"
         "horovod: {version"))
     return spec
@@ -484,7 +484,7 @@ def test_a_changed_spec_keeps_the_versions_it_did_not_touch(torch_lock, tmp_path
 
     relock(lock_file, older_filelock)
     spec = tmp_path / "spec.yaml"
-    spec.write_text((RECIPES / "cpu-torch.yaml").read_text() + 'packages: {pip: ["six==1.16.0"]}\n')
+    spec.write_text((RECIPES / "cpu-torch-horovod.yaml").read_text() + 'packages: {pip: ["six==1.16.0"]}\n')
     r = run_envbuilder("lock", str(spec), "--lock", str(lock_file), "--wheelhouse", wheelhouse(), timeout=900)
     assert r.code == 0, r.err[-2000:]
     lock = read(lock_file)

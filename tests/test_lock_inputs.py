@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import fuzz_lock  # noqa: E402
 
-SPEC = RECIPES / "cpu-torch.yaml"
+SPEC = RECIPES / "cpu-torch-horovod.yaml"
 
 
 def _data() -> dict:
@@ -458,7 +458,7 @@ def test_every_variable_a_job_script_sets_or_reads_is_refused_as_a_sweep_name(tm
     from envbuilder.runtimes import JOB_RUNTIMES
 
     for runtime in JOB_RUNTIMES:
-        variants.append(("cpu-torch.yaml", {"runtime": runtime, "network_interface": "ib0", "stage": "/data",
+        variants.append(("cpu-torch-horovod.yaml", {"runtime": runtime, "network_interface": "ib0", "stage": "/data",
                                             "monitor": ["tensorboard", "timeline"], "sweep": ["hp_lr=1,2"],
                                             "modules": ["x"], "venv": "/v"}))
     variants.append(("gpu-torch-ddp.yaml", {}))

@@ -2,7 +2,7 @@
 Docker daemon; `build --engine podman --sif` and `verify x.sif` as a non-root user whose Docker
 socket is out of reach; the named refusals for what a login node lacks, before any work.
 
-The stack is the smallest that proves it: recipes/cpu-torch.yaml without Horovod (no compile).
+The stack is the smallest that proves it: recipes/cpu-torch-horovod.yaml without Horovod (no compile).
 """
 
 from __future__ import annotations

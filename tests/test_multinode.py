@@ -145,7 +145,7 @@ def test_horovod_over_mpi_and_gloo_on_two_nodes_host_runtime_on_fabric_tcp_with_
     # the gloo controller inside the srun step: task 0 starts Horovod's rendezvous server with the
     # slot plan the tasks publish in the shared folder (what horovodrun --gloo does, without ssh);
     # the profile says fabric: tcp and a floor of 1 B/s, which pass (one run for both: ~70 s each)
-    folder = build_folder(RECIPES / "cpu-torch.yaml", shared / "torch-host", "--runtime", "host",
+    folder = build_folder(RECIPES / "cpu-torch-horovod.yaml", shared / "torch-host", "--runtime", "host",
                           site=fabric_site(shared, "tcp", "{inter_node: 1 B/s}"))
     text = (folder / "job.sbatch").read_text()
     assert 'NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-fab0}"' in text and "OMPI_MCA_btl_tcp_if_include" in text
@@ -220,7 +220,7 @@ def test_torchrun_mode_meets_at_the_first_node_across_two_nodes(cluster, shared)
 
 
 def test_the_wrong_interface_under_horovod_mpi_is_named_not_a_hang(cluster, shared):
-    folder = build_folder(RECIPES / "cpu-torch.yaml", shared / "torch-host-mgmt", "--runtime", "host")
+    folder = build_folder(RECIPES / "cpu-torch-horovod.yaml", shared / "torch-host-mgmt", "--runtime", "host")
     r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", HANG_TIMEOUT,
                              env={"NCCL_SOCKET_IFNAME": "mgmt0"})
     assert r.code == 1, r.out[-2000:]
@@ -243,7 +243,7 @@ def test_gloo_alone_across_two_nodes_and_its_wrong_interface_is_named(cluster, s
     # a Horovod built with Gloo only: the gloo run is the step's first (task 0 starts its
     # rendezvous after the static checks); then over the management interface a named failure
     spec = shared / "torch-gloo-only.yaml"
-    spec.write_text((RECIPES / "cpu-torch.yaml").read_text().replace("operations: [mpi, gloo]}", "operations: [gloo]}"))
+    spec.write_text((RECIPES / "cpu-torch-horovod.yaml").read_text().replace("operations: [mpi, gloo]}", "operations: [gloo]}"))
     folder = build_folder(spec, shared / "torch-gloo-only", "--runtime", "host")
     assert json.loads((folder / "manifest.json").read_text())["expect"]["horovod"]["controllers"] == ["gloo"]
     r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "120", timeout=900)
@@ -280,7 +280,7 @@ def fabric_site(shared: Path, kind: str, floors: str) -> tuple[str, ...]:
 def test_fabric_ib_without_rdma_fails_naming_layer_node_and_cause_and_an_absurd_floor_fails(cluster, shared):
     # this machine has no HCA: Open MPI selects ob1 over the tcp BTL between the nodes, which a
     # site that promises InfiniBand must hear about, per node and with the likely cause
-    folder = build_folder(RECIPES / "cpu-torch.yaml", shared / "torch-ib", "--runtime", "host",
+    folder = build_folder(RECIPES / "cpu-torch-horovod.yaml", shared / "torch-ib", "--runtime", "host",
                           site=fabric_site(shared, "ib", "{inter_node_mpi: 5000 TB/s}"))
     assert 'ENVBUILDER_FABRIC="${ENVBUILDER_FABRIC:-ib}"' in (folder / "job.sbatch").read_text()
     r, report, wall = verify(cluster, folder, "--python", host_python(), "--timeout", "90", timeout=900)
@@ -424,7 +424,7 @@ def test_node_vetting_names_a_slow_node_and_the_job_goes_on_without_it_or_stops(
 @long_build
 def test_charliecloud_horovod_over_mpi_on_two_nodes(cluster, shared):
     # the cpu-torch image compiles Horovod (minutes on 2 cores): outside CI's budget
-    for folder, cache in built_image(shared, "cpu-torch.yaml"):
+    for folder, cache in built_image(shared, "cpu-torch-horovod.yaml"):
         r, report, wall = verify(cluster, folder, "--timeout", "90", env={"ENVBUILDER_CH_CACHE": str(cache)})
         assert_all_passed_on_two_nodes(r, report)
         assert checks(report)["horovod.init[mpi]"]["figure"] == "4 ranks, mpi controller"

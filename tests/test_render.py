@@ -37,7 +37,7 @@ def rendered(tmp_path_factory):
 
 def test_there_are_presets_for_every_required_stack():
     stems = {p.stem for p in PRESETS}
-    assert {"gpu", "gpu-pytorch", "cpu-intel-tf", "ngc-tf", "cpu-torch", "cpu-tf"} <= stems
+    assert {"tf-horovod-gpu", "torch-horovod-gpu", "intel-tf-cpu", "ngc-tf-horovod", "cpu-torch-horovod", "cpu-tf-horovod"} <= stems
 
 
 @pytest.mark.parametrize("preset", [p.stem for p in PRESETS])
@@ -96,7 +96,7 @@ def test_the_runscript_is_the_dockerfiles_cmd_as_envbuilders_sif_writes_it(rende
 
 
 def test_dockerfile_structure_for_the_gpu_preset(rendered):
-    text = (rendered["gpu"] / "Dockerfile").read_text()
+    text = (rendered["tf-horovod-gpu"] / "Dockerfile").read_text()
     assert "FROM nvidia/cuda:11.8.0-cudnn8-devel-ubuntu22.04 AS devel" in text
     assert "FROM nvidia/cuda:11.8.0-cudnn8-runtime-ubuntu22.04 AS runtime" in text
     runtime = text.split("AS runtime", 1)[1]
@@ -122,7 +122,7 @@ def test_dockerfile_structure_for_the_gpu_preset(rendered):
 
 
 def test_cpu_tf_preset_sets_the_seed_threading_env(rendered):
-    for preset in ("cpu-tf", "cpu-intel-tf"):
+    for preset in ("cpu-tf-horovod", "intel-tf-cpu"):
         text = (rendered[preset] / "Dockerfile").read_text()
         assert 'KMP_BLOCKTIME="0"' in text
         assert 'KMP_AFFINITY="granularity=fine,compact,1,0"' in text
@@ -130,14 +130,14 @@ def test_cpu_tf_preset_sets_the_seed_threading_env(rendered):
 
 
 def test_ngc_preset_adds_only_what_is_missing(rendered):
-    text = (rendered["ngc-tf"] / "Dockerfile").read_text()
+    text = (rendered["ngc-tf-horovod"] / "Dockerfile").read_text()
     assert text.count("\nFROM ") == 1
     assert "FROM nvcr.io/nvidia/tensorflow:24.01-tf2-py3" in text
     installs = [l for l in text.splitlines() if "pip install" in l or "pip download" in l]
     assert installs and not [l for l in installs if "tensorflow==" in l or "horovod" in l]
     assert "openmpi" not in text.lower().replace("dev.envbuilder.mpi=\"openmpi", "")
     assert "tensorflow-datasets==4.9.4" in text
-    manifest = json.loads((rendered["ngc-tf"] / "manifest.json").read_text())
+    manifest = json.loads((rendered["ngc-tf-horovod"] / "manifest.json").read_text())
     exp = manifest["expect"]
     assert exp["framework"]["version"] == "2.14.0"
     assert exp["horovod"]["version"] == "0.28.1"
@@ -146,7 +146,7 @@ def test_ngc_preset_adds_only_what_is_missing(rendered):
 
 
 def test_job_script_follows_the_hybrid_model(rendered):
-    text = (rendered["gpu"] / "job.sbatch").read_text()
+    text = (rendered["tf-horovod-gpu"] / "job.sbatch").read_text()
     assert text.startswith("#!/bin/bash\n")
     for line in ("#SBATCH --partition=gpu", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4",
                  "#SBATCH --gpus-per-node=4", "#SBATCH --cpus-per-task=7", "#SBATCH --time=01:00:00",
@@ -160,12 +160,12 @@ def test_job_script_follows_the_hybrid_model(rendered):
 
 
 def test_manifest_records_expectations(rendered):
-    m = json.loads((rendered["cpu-torch"] / "manifest.json").read_text())
+    m = json.loads((rendered["cpu-torch-horovod"] / "manifest.json").read_text())
     assert m["schema"] == "envbuilder.manifest/1"
     assert m["expect"]["framework"] == {"name": "pytorch", "module": "torch", "version": "2.13.0+cpu",
                                         "distribution": "torch"}
     assert "cpu_env" not in m["expect"]
-    intel = json.loads((rendered["cpu-intel-tf"] / "manifest.json").read_text())["expect"]
+    intel = json.loads((rendered["intel-tf-cpu"] / "manifest.json").read_text())["expect"]
     assert intel["framework"]["distribution"] == "intel-tensorflow"
     assert intel["cpu_env"] == {"KMP_AFFINITY": "granularity=fine,compact,1,0", "KMP_BLOCKTIME": "0",
                                 "KMP_SETTINGS": "0", "TF_ENABLE_ONEDNN_OPTS": "1"}
@@ -178,12 +178,12 @@ def test_manifest_records_expectations(rendered):
 def test_output_is_byte_identical_across_dirs_time_zones_and_locales(tmp_path):
     from conftest import run_envbuilder
 
-    spec = RECIPES / "gpu.yaml"
+    spec = RECIPES / "tf-horovod-gpu.yaml"
     copy_dir = tmp_path / "elsewhere" / "deeper"
     copy_dir.mkdir(parents=True)
-    shutil.copy(spec, copy_dir / "gpu.yaml")
+    shutil.copy(spec, copy_dir / "tf-horovod-gpu.yaml")
     a = run_envbuilder("build", str(spec), "--no-build", "--out", str(tmp_path / "a"))
-    b = run_envbuilder("build", "gpu.yaml", "--no-build", "--out", str(tmp_path / "b"), cwd=copy_dir,
+    b = run_envbuilder("build", "tf-horovod-gpu.yaml", "--no-build", "--out", str(tmp_path / "b"), cwd=copy_dir,
                        env={"TZ": "Pacific/Chatham", "LC_ALL": "C", "LANG": "C", "SOURCE_DATE_EPOCH": "1"})
     assert a.code == 0 and b.code == 0, a.err + b.err
     files_a = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
@@ -213,13 +213,13 @@ def test_images_folder_is_up_to_date(rendered):
 
 def test_rebuilding_into_an_existing_folder_keeps_other_files(cli, tmp_path):
     out = tmp_path / "out"
-    assert cli("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(out)).code == 0
+    assert cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--no-build", "--out", str(out)).code == 0
     (out / "build.log").write_text("keep me")
     (out / "Dockerfile").write_text("old")           # no envbuilder header now: the user's
-    r = cli("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(out))
+    r = cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--no-build", "--out", str(out))
     assert r.code == 2 and "Dockerfile" in r.err and "--force" in r.err, r.err
     assert (out / "Dockerfile").read_text() == "old"
-    assert cli("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(out), "--force").code == 0
+    assert cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--no-build", "--out", str(out), "--force").code == 0
     assert (out / "build.log").read_text() == "keep me"
     assert (out / "Dockerfile").read_text().startswith("# Dockerfile for cpu-torch-horovod")
     assert not [p for p in out.iterdir() if p.name.startswith(".")]
@@ -250,7 +250,7 @@ def test_schema_accepts_every_preset():
 
 
 def test_build_prints_what_it_wrote(cli, tmp_path):
-    r = cli("build", str(RECIPES / "gpu.yaml"), "--no-build", "--out", str(tmp_path / "g"))
+    r = cli("build", str(RECIPES / "tf-horovod-gpu.yaml"), "--no-build", "--out", str(tmp_path / "g"))
     assert r.code == 0
     for name in ("Dockerfile", "Apptainer.def", "job.sbatch", "manifest.json"):
         assert f"{tmp_path / 'g' / name}" in r.out
@@ -354,7 +354,7 @@ def test_with_a_lock_the_spec_packages_are_a_runtime_layer_after_the_venv_and_co
         return {"name": name, "version": version, "file": f"{name}-{version}-py3-none-any.whl", "sha256": "0" * 64,
                 "from": "index"}
 
-    spec = load_spec(RECIPES / "cpu-torch.yaml")
+    spec = load_spec(RECIPES / "cpu-torch-horovod.yaml")
     spec = spec.__class__(**{**spec.__dict__, "packages": spec.packages.__class__(
         **{**spec.packages.__dict__, "pip": ["six==1.17.0"]})})
     base = {"ref": "local/debian:bookworm-slim", "digest": "sha256:" + "1" * 64, "kind": "image-id",

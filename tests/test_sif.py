@@ -52,7 +52,7 @@ def sha256(path: Path) -> str:
 
 def build_sif(out: Path, *extra: str):
     t0 = time.time()
-    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out), "--ca-bundle", CA_BUNDLE,
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(out), "--ca-bundle", CA_BUNDLE,
                        "--wheelhouse", wheelhouse(), "--sif", *extra, timeout=2400)
     assert r.code == 0, r.err[-3000:]
     return r, time.time() - t0
@@ -65,7 +65,7 @@ def torch_sif(tmp_path_factory):
     base_image()
     tools()
     out = tmp_path_factory.mktemp("sif") / "cpu-torch"
-    probe = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(out))
+    probe = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--no-build", "--out", str(out))
     assert probe.code == 0, probe.err
     keep_for_run(json.loads((out / "manifest.json").read_text())["image"]["tag"])
     r, wall = build_sif(out)
@@ -230,7 +230,7 @@ def gate_on_the_apptainer_cluster(sif: Path, pub: Path, lock: Path) -> None:
         for policy in ("require", '"off"'):
             profile = shared / f"site-{policy.strip(chr(34))}.yaml"
             profile.write_text(site + f"\nattestation: {policy}\nattestation_keys: [{shared / 'site.pub'}]\n")
-            r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out",
+            r = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--no-build", "--out",
                                str(shared / f"job-{policy.strip(chr(34))}"), "--site", str(profile), "--lock", str(lock))
             assert r.code == 0, r.err
         chown_tree(shared, BUILDER_UID)
@@ -317,7 +317,7 @@ def test_sbatch_job_runs_the_sif_with_charliecloud(torch_sif, sif_verified, tmp_
     site = tmp_path / "gated.yaml"
     site.write_text(f"name: gated\nruntime: charliecloud\nattestation: require\nattestation_keys: [{keys[1]}]\n")
     folder = tmp_path / "job"
-    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(folder),
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--no-build", "--out", str(folder),
                        "--site", str(site), "--lock", str(out / "envbuilder.lock"))
     assert r.code == 0, r.err
     report = tmp_path / "slurm-report.json"
@@ -404,7 +404,7 @@ def test_build_push_records_the_registry_digest(torch_sif, tmp_path):
     ref = f"{registry}/envbuilder-tests/pushed:{os.getpid()}"
     folder = tmp_path / "pushed"
     try:
-        r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(folder), "--lock",
+        r = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(folder), "--lock",
                            str(out / "envbuilder.lock"), "--tag", tag, "--ca-bundle", CA_BUNDLE,
                            "--wheelhouse", wheelhouse(), "--push", ref, timeout=2400)
         assert r.code == 0, r.err[-3000:]
@@ -424,10 +424,10 @@ def test_build_push_records_the_registry_digest(torch_sif, tmp_path):
 def test_build_push_refuses_a_bad_reference_before_building(tmp_path):
     for ref, words in (("127.0.0.1:5000/x@sha256:" + "0" * 64, "is not a registry/repository[:tag]"),
                        ("UPPER/case", "is not a registry/repository[:tag]")):
-        r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "o"), "--push", ref)
+        r = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(tmp_path / "o"), "--push", ref)
         assert r.code == 2 and words in r.err and "--push" in r.err and "Traceback" not in r.err, r.err
         assert not (tmp_path / "o").exists()
-    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(tmp_path / "o"), "--engine", "apptainer",
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(tmp_path / "o"), "--engine", "apptainer",
                        "--push", "127.0.0.1:5000/x:1")
     assert r.code == 2 and "the apptainer engine cannot push here yet" in r.err, r.err
 
@@ -478,9 +478,9 @@ def test_build_sif_checks_tools_before_building(tmp_path):
     """Before the lock, the folder and an hour of build: the SIF's tools are checked first, and an
     existing folder is left as it was."""
     out = tmp_path / "out"
-    assert run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out), "--no-build").code == 0
+    assert run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(out), "--no-build").code == 0
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out), "--sif",
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(out), "--sif",
                        env={"PATH": _path_without(tmp_path, "siftool")})
     assert r.code == 1 and "siftool is not installed (Debian package siftool)" in r.err
     assert "resolving" not in r.err and not list(out.glob("*.sif"))

@@ -75,7 +75,7 @@ def test_verify_slurm_host_runtime_two_ranks_over_pmix(tmp_path):
     if not os.access(HOST_PYTHON, os.X_OK):
         pytest.skip(f"no Python with torch + Horovod at {HOST_PYTHON} (set ENVBUILDER_SMOKE_PYTHON)")
     folder = tmp_path / "cpu-torch"
-    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(folder),
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--no-build", "--out", str(folder),
                        "--runtime", "host")
     assert r.code == 0, r.err
     r, report, wall = verify_slurm(folder, tmp_path, "--python", HOST_PYTHON, "--junit", str(tmp_path / "j.xml"))
@@ -108,11 +108,11 @@ def torch_image(tmp_path_factory):
     require_binary("ch-run", "apt-get install charliecloud")
     out = tmp_path_factory.mktemp("img") / "cpu-torch"
     tag = None
-    probe = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(out))
+    probe = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--no-build", "--out", str(out))
     assert probe.code == 0, probe.err
     tag = json.loads((out / "manifest.json").read_text())["image"]["tag"]
     keep_for_run(tag)
-    r = run_envbuilder("build", str(RECIPES / "cpu-torch.yaml"), "--out", str(out), "--ca-bundle", CA_BUNDLE,
+    r = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(out), "--ca-bundle", CA_BUNDLE,
                        "--wheelhouse", wheelhouse(), timeout=2400)
     assert r.code == 0, r.err[-3000:]
     yield out, tag
@@ -166,7 +166,7 @@ def test_charliecloud_binds_paths_with_spaces_and_quotes(torch_image, tmp_path):
     data.mkdir()
     (data / "hello.txt").write_text("hello from the host\n")
     spec = tmp_path / "spec.yaml"
-    spec.write_text((RECIPES / "cpu-torch.yaml").read_text().replace(
+    spec.write_text((RECIPES / "cpu-torch-horovod.yaml").read_text().replace(
         "  runtime: charliecloud", f'  runtime: charliecloud\n  binds: ["{data}:/mnt/it\'s data"]'))
     job = tmp_path / "job"
     assert run_envbuilder("build", str(spec), "--no-build", "--out", str(job)).code == 0
@@ -248,7 +248,7 @@ cluster:
 def test_a_missing_bind_stops_the_job_at_once_naming_it(tmp_path):
     spec = tmp_path / "spec.yaml"
     missing = tmp_path / "no such 'data'"
-    spec.write_text((RECIPES / "cpu-torch.yaml").read_text().replace(
+    spec.write_text((RECIPES / "cpu-torch-horovod.yaml").read_text().replace(
         "  runtime: charliecloud", f'  runtime: host\n  binds: ["{tmp_path}", "{missing}:/data:ro"]'))
     job = tmp_path / "job"
     assert run_envbuilder("build", str(spec), "--no-build", "--out", str(job)).code == 0

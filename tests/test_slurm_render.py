@@ -61,7 +61,7 @@ def shellcheck(text: str, tmp_path: Path) -> str:
 def test_every_runtime_with_every_option_passes_shellcheck(write_spec, tmp_path, runtime):
     text = render(tmp_path, write_spec(EVERYTHING), "--runtime", runtime)
     assert shellcheck(text, tmp_path) == ""
-    plain = render(tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", runtime)
+    plain = render(tmp_path, RECIPES / "cpu-torch-horovod.yaml", "--runtime", runtime)
     assert shellcheck(plain, tmp_path) == ""
 
 
@@ -103,7 +103,7 @@ def test_environment_hygiene_threads_and_network(write_spec, tmp_path):
         assert line in text, line
     # rank 0 alone keeps the checkpoint / TensorBoard folders
     assert 'if [ "$RANK" != 0 ]; then unset CHECKPOINT_DIR TENSORBOARD_DIR; fi' in text
-    intel = render(tmp_path, RECIPES / "cpu-intel-tf.yaml")
+    intel = render(tmp_path, RECIPES / "intel-tf-cpu.yaml")
     assert "KMP_AFFINITY=granularity=fine,compact,1,0" in intel and "TF_ENABLE_ONEDNN_OPTS=1" in intel
 
 
@@ -127,7 +127,7 @@ def test_staging_and_monitoring_lines(write_spec, tmp_path):
     assert "ssh -N -L $TB_PORT:127.0.0.1:$TB_PORT -J" in text
     assert "--host 127.0.0.1" in text
     assert 'HOROVOD_TIMELINE="$OUTPUT_DIR/horovod-timeline.json"' in text
-    plain = render(tmp_path, RECIPES / "cpu-torch.yaml")
+    plain = render(tmp_path, RECIPES / "cpu-torch-horovod.yaml")
     assert 'if [ "${ENVBUILDER_TENSORBOARD:-0}" = 1 ]' in plain and "stage_data" not in plain
 
 
@@ -139,16 +139,16 @@ def test_same_spec_gives_a_byte_identical_job_script(write_spec, tmp_path):
 
 
 def test_a_site_profile_sets_the_cluster_and_adds_binds(write_spec, tmp_path):
-    text = render(tmp_path, RECIPES / "gpu.yaml", "--site", "example-gpu")
+    text = render(tmp_path, RECIPES / "tf-horovod-gpu.yaml", "--site", "example-gpu")
     for line in ("#SBATCH --partition=gpu", "#SBATCH --account=proj123", "#SBATCH --cpus-per-task=16",
                  "#SBATCH --mem-per-cpu=4G", "add_bind /scratch cluster.binds",
                  "add_bind /projects cluster.binds", "export NCCL_IB_HCA=mlx5",
                  "# Slurm job for tf-horovod-gpu (apptainer runtime)"):
         assert line in text, line
-    local = render(tmp_path, RECIPES / "gpu.yaml", "--site", str(ROOT / "sites" / "local.yaml"))
+    local = render(tmp_path, RECIPES / "tf-horovod-gpu.yaml", "--site", str(ROOT / "sites" / "local.yaml"))
     assert "#SBATCH --partition=debug" in local and "(charliecloud runtime)" in local
     # --runtime wins over the site
-    assert "(host runtime)" in render(tmp_path, RECIPES / "gpu.yaml", "--site", "local", "--runtime", "host")
+    assert "(host runtime)" in render(tmp_path, RECIPES / "tf-horovod-gpu.yaml", "--site", "local", "--runtime", "host")
 
 
 def test_the_gh200_slingshot_example_site_renders_the_aarch64_preset_with_its_sourced_settings(cli, write_spec,
@@ -169,13 +169,13 @@ def test_the_gh200_slingshot_example_site_renders_the_aarch64_preset_with_its_so
 
 
 def test_bad_site_and_sweep_input_get_one_message_and_exit_2(cli, write_spec, tmp_path):
-    r = cli("build", str(RECIPES / "gpu.yaml"), "--no-build", "--out", str(tmp_path / "x"), "--site", "nowhere")
+    r = cli("build", str(RECIPES / "tf-horovod-gpu.yaml"), "--no-build", "--out", str(tmp_path / "x"), "--site", "nowhere")
     assert r.code == 2 and "no site profile named 'nowhere'" in r.err and "example-gpu" in r.err
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\npartition: gpu\ngpus_per_nod: 4\n")
-    r = cli("build", str(RECIPES / "gpu.yaml"), "--no-build", "--out", str(tmp_path / "x"), "--site", str(bad))
+    r = cli("build", str(RECIPES / "tf-horovod-gpu.yaml"), "--no-build", "--out", str(tmp_path / "x"), "--site", str(bad))
     assert r.code == 2 and "bad.yaml:3: gpus_per_nod: unknown key" in r.err and "gpus_per_node" in r.err
-    r = cli("build", str(RECIPES / "gpu.yaml"), "--no-build", "--out", str(tmp_path / "x"), "--sweep", "lr")
+    r = cli("build", str(RECIPES / "tf-horovod-gpu.yaml"), "--no-build", "--out", str(tmp_path / "x"), "--sweep", "lr")
     assert r.code == 2 and "'lr' is not NAME=value1,value2" in r.err
     r = cli("check", str(write_spec(EVERYTHING.replace('"lr=0.1,0.01"', '"lr 0.1"'))))
     assert r.code == 2 and "cluster.sweep[0]" in r.err
@@ -187,8 +187,8 @@ def test_the_spec_hash_of_existing_specs_is_unchanged_by_the_new_keys(tmp_path):
     (141fef067edc: cpu-torch's hash when its base was the full local/debian:bookworm.)"""
     from envbuilder.spec.model import load_spec
 
-    old = tmp_path / "cpu-torch.yaml"
-    old.write_text((RECIPES / "cpu-torch.yaml").read_text().replace("local/debian:bookworm-slim",
+    old = tmp_path / "cpu-torch-horovod.yaml"
+    old.write_text((RECIPES / "cpu-torch-horovod.yaml").read_text().replace("local/debian:bookworm-slim",
                                                                     "local/debian:bookworm"))
     assert load_spec(old).sha256().startswith("141fef067edc")
 
@@ -367,11 +367,11 @@ def test_pmix_modules_every_client_has_are_chosen_in_the_image_only_under_pmix(t
     kept; not for the host runtime, nor a stack launched with another plugin. Run by bash."""
     lines = ('    if [ -z "${PMIX_MCA_psec:-}" ]; then case ",${PMIX_SECURITY_MODE:-}," in *,native,*) export PMIX_MCA_psec=native ;; esac; fi',
              '    if [ -z "${PMIX_MCA_gds:-}" ]; then case ",${PMIX_GDS_MODULE:-}," in *,hash,*) export PMIX_MCA_gds=hash ;; esac; fi')
-    ch = render(tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", "charliecloud")
+    ch = render(tmp_path, RECIPES / "cpu-torch-horovod.yaml", "--runtime", "charliecloud")
     assert "srun --mpi=pmix" in ch
     rank_main = ch[ch.index("rank_main() {"):ch.index('    exec "$@"', ch.index("rank_main() {"))]
     assert all(line in rank_main for line in lines)
-    assert "PMIX_SECURITY_MODE" not in render(tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", "host")
+    assert "PMIX_SECURITY_MODE" not in render(tmp_path, RECIPES / "cpu-torch-horovod.yaml", "--runtime", "host")
     assert "PMIX_SECURITY_MODE" not in render(tmp_path, RECIPES / "cpu-torch-ddp.yaml", "--runtime", "charliecloud")
     script = "\n".join(line.strip() for line in lines) + '\necho "${PMIX_MCA_psec:-unset} ${PMIX_MCA_gds:-unset}"\n'
 
@@ -398,7 +398,7 @@ def test_a_cleanenv_or_containall_in_the_environment_stops_the_job_before_any_sr
     job.sbatch, run with a stub srun that records each call: such a variable stops it with exit 2
     naming it and the fix, before any srun; a false or empty value does not."""
     job = tmp_path / "job"
-    r = run_envbuilder_in_process("build", str(RECIPES / "cpu-torch.yaml"), "--no-build", "--out", str(job),
+    r = run_envbuilder_in_process("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--no-build", "--out", str(job),
                                   "--runtime", runtime)
     assert r.code == 0, r.err
     stubs = tmp_path / "bin"
@@ -424,7 +424,7 @@ def test_a_cleanenv_or_containall_in_the_environment_stops_the_job_before_any_sr
         assert calls.is_file() and "is set:" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("recipe,stops", [("gpu-torch-ddp-aarch64.yaml", True), ("cpu-torch.yaml", False)])
+@pytest.mark.parametrize("recipe,stops", [("gpu-torch-ddp-aarch64.yaml", True), ("cpu-torch-horovod.yaml", False)])
 def test_a_node_of_another_architecture_than_the_images_stops_the_job_in_node_setup(tmp_path, recipe, stops):
     """node_setup (one task per node, before any rank) holds the node's `uname -m` against the
     image's arch. Run by bash on this x86_64 machine: the aarch64 preset's job stops with exit 2
@@ -497,7 +497,7 @@ def test_apptainer_hands_the_jobs_variables_and_the_site_mpi_over_as_apptaineren
     assert 'export "SINGULARITYENV_$v=' in singularity and "export SINGULARITYENV_LD_LIBRARY_PATH" in singularity
     charliecloud = render(tmp_path, spec, "--site", str(site), "--runtime", "charliecloud")   # ch-run passes the host's
     assert "image_escape" not in charliecloud and "APPTAINERENV" not in charliecloud
-    plain = render(tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", "apptainer")           # nothing to hand over
+    plain = render(tmp_path, RECIPES / "cpu-torch-horovod.yaml", "--runtime", "apptainer")           # nothing to hand over
     assert "image_escape" not in plain
 
 
@@ -506,7 +506,7 @@ def test_apptainer_stages_the_sif_to_each_node_when_asked(tmp_path):
     it, node-local folder, same path on every node); the shared file's existence is what each node
     checks. Run with bash: the image variables as the launch sees them (real Apptainer:
     tests/test_apptainer_jobs.py, the scancel test)."""
-    text = render(tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", "apptainer")
+    text = render(tmp_path, RECIPES / "cpu-torch-horovod.yaml", "--runtime", "apptainer")
     start = text.index("# The image staged (ENVBUILDER_STAGE_IMAGE=1)")
     block = text[start:text.index("\nfi\n", start) + 4]
     sif = tmp_path / "x.sif"
@@ -519,7 +519,7 @@ def test_apptainer_stages_the_sif_to_each_node_when_asked(tmp_path):
     assert text.index("    stage_image\n") > text.index('    local image=${IMAGE_SRC:-$IMAGE}')
     assert text.index("# The image staged") < text.index("launch=(apptainer exec")
     for runtime in ("charliecloud", "pyxis", "host"):
-        assert "STAGE_IMAGE" not in render(tmp_path, RECIPES / "cpu-torch.yaml", "--runtime", runtime)
+        assert "STAGE_IMAGE" not in render(tmp_path, RECIPES / "cpu-torch-horovod.yaml", "--runtime", runtime)
 
 
 @pytest.mark.parametrize("site_mpi", [False, True])

@@ -132,11 +132,11 @@ def test_a_site_bind_with_a_comma_is_refused_where_the_runtime_splits_on_commas(
 
     site = tmp_path / "site.yaml"
     site.write_text(f"name: commas\nruntime: {runtime}\nbinds: [/scratch, '/data/a,/etc:/host-etc']\n")
-    r = cli("build", str(RECIPES / "cpu-torch.yaml"), "--site", str(site), "--no-build", "--out", str(tmp_path / "out"))
+    r = cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--site", str(site), "--no-build", "--out", str(tmp_path / "out"))
     assert r.code == 2 and "Traceback" not in r.err, r.err
     assert "cluster.binds[1]" in r.err and "'/data/a,/etc:/host-etc' holds ','" in r.err, r.err
     assert f"cluster.runtime {runtime} splits its bind list on" in r.err and "'/etc:/host-etc'" in r.err, r.err
     assert not (tmp_path / "out").exists()
-    ok = cli("build", str(RECIPES / "cpu-torch.yaml"), "--site", str(site), "--runtime", "charliecloud",
+    ok = cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--site", str(site), "--runtime", "charliecloud",
              "--no-build", "--out", str(tmp_path / "ch"))
     assert ok.code == 0, ok.err           # ch-run takes one bind per -b: the comma is a path's

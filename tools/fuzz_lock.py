@@ -36,7 +36,7 @@ from envbuilder.cli import main  # noqa: E402
 sys.path.insert(0, str(ROOT / "tools"))
 from fuzz import _mutate, _paths  # noqa: E402  (every path into a JSON-like value; nests stay text, so it is shallow)
 
-SPEC = ROOT / "recipes" / "cpu-torch.yaml"
+SPEC = ROOT / "recipes" / "cpu-torch-horovod.yaml"
 HEX = "0123456789abcdef"
 
 

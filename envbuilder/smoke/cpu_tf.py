@@ -21,7 +21,7 @@ OMP_EXPECT_ENV = "ENVBUILDER_SMOKE_OMP_EXPECT"
 # test_util.IsMklEnabled calls). In an --config=mkl build (ENABLE_MKL: intel-tensorflow) it is
 # true unless TF_DISABLE_MKL=1; in stock Linux x86 wheels it is TF_ENABLE_ONEDNN_OPTS, else the
 # CPU's features (AVX512_VNNI, AVX512_BF16, AVX_VNNI, AMX). Read once per process. Checked by
-# hand in the intel-tensorflow 2.14.0 image of recipes/cpu-intel-tf-debian.yaml (2026-11-25):
+# hand in the intel-tensorflow 2.14.0 image of recipes/intel-tf-cpu-debian.yaml (2026-11-25):
 # True; False with TF_DISABLE_MKL=1; still True with TF_ENABLE_ONEDNN_OPTS=0 (the ENABLE_MKL
 # build). In tensorflow-cpu 2.15.1: False with TF_ENABLE_ONEDNN_OPTS=0 (tests/test_smoke_suite.py).
 # intel-tensorflow loads Intel's OpenMP (libiomp5.so), which reads the KMP_* variables.

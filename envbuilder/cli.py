@@ -35,16 +35,17 @@ def _warn(findings, as_json: bool) -> None:
 # --- check / build ------------------------------------------------------------------------------
 
 def _add_spec_arg(p):
-    p.add_argument("spec", help="the YAML spec (recipes/ holds examples)")
+    p.add_argument("spec", metavar="SPEC|PRESET", help="the YAML spec, or a preset's name (`envbuilder presets`; "
+                   "a file of that name here wins)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 @command("check", "validate a spec against the compatibility rules (writes nothing)")
 def cmd_check(args) -> int:
     from .stack import resolve
-    from .spec.model import load_spec
+    from .spec.presets import load_spec_arg
 
-    spec = load_spec(args.spec)
+    spec = load_spec_arg(args.spec, quiet=args.json)
     if args.site:
         from .slurm.options import apply_job_options
 
@@ -186,36 +187,7 @@ def _compare_args(p):
     p.add_argument("--json", action="store_true", help="machine-readable output: every difference")
 
 
-# --- presets / schema ---------------------------------------------------------------------------
-
-@command("presets", "list the known-good stacks (recipes/) with their full version sets")
-def cmd_presets(args) -> int:
-    from .spec.presets import describe, load_presets
-    from .plan.components import expect
-    from .stack import resolve
-
-    rows = []
-    for path, spec in load_presets():
-        stack = resolve(spec)
-        rows.append({"name": spec.name, "recipe": f"recipes/{path.name}", "summary": describe(spec),
-                     "base": stack.base, "versions": expect(stack)})
-    if args.json:
-        _print_json(rows)
-        return 0
-    for r in rows:
-        v = r["versions"]
-        print(f"{r['name']}  ({r['recipe']})")
-        print(f"    {r['summary']}")
-        extra = [f"base {r['base']}"]
-        if v["nccl"]:
-            extra.append(f"NCCL {v['nccl']}")
-        if v["cudnn"]:
-            extra.append(f"cuDNN {v['cudnn']}")
-        if v["horovod"]:
-            extra.append("Horovod ops " + ",".join(v["horovod"]["operations"]))
-        print("    " + "; ".join(extra))
-    return 0
-
+# --- schema ---------------------------------------------------------------------------
 
 @command("schema", "print the spec's JSON Schema (for editors)")
 def cmd_schema(args) -> int:
@@ -263,6 +235,10 @@ def _write_new(path: str, text: str, force: bool, option: str) -> None:
 def cmd_init(args) -> int:
     from .importers import import_spec
 
+    if args.preset or not args.source:
+        from .shipped import init_preset
+
+        return init_preset(args, _write_new)
     text, summary = import_spec(args.source, name=args.name, base=args.base, extras=tuple(args.extra),
                                 out_name=args.out, wheelhouse=args.wheelhouse, gpu=args.gpu)
     if args.out == "-":
@@ -282,9 +258,11 @@ def cmd_init(args) -> int:
 
 
 def _init_args(p):
-    p.add_argument("source", metavar="FILE|ENV_PATH",
+    p.add_argument("source", metavar="FILE|ENV_PATH", nargs="?",
                    help="requirements*.txt, environment.yml, pyproject.toml (a uv.lock or pylock.toml beside it pins "
                         "its dependencies), or a conda environment's folder (it holds conda-meta/)")
+    p.add_argument("--preset", metavar="NAME", help="instead of FILE: write out this preset (`envbuilder presets`) "
+                   "to edit")
     p.add_argument("-o", "--out", default="spec.yaml", help="the spec to write (default spec.yaml; - prints it)")
     p.add_argument("--name", help="the spec's name (default: the project's or environment's name)")
     p.add_argument("--base", help="base image (e.g. local/debian:bookworm; default: chosen from CUDA and Python)")
@@ -400,18 +378,21 @@ def cmd_attest(args) -> int:
 
 
 from .lockcmd import cmd_diff, cmd_lock, diff_args, lock_args  # noqa: E402
+from .shipped import cmd_presets, cmd_sites, presets_args, sites_args  # noqa: E402
 
 command("lock", "resolve every pin and hash of a spec into envbuilder.lock (--update NAME: one entry)")(cmd_lock)
 command("diff", "compare two locks or manifests (files, output folders, images): added, removed, changed")(cmd_diff)
+command("presets", "list the known-good stacks by name (what `build NAME` takes) with their full version sets")(cmd_presets)
+command("sites", "list the site profiles `--site NAME` takes: name, description, where found")(cmd_sites)
 
 def _check_args(p):
     _add_spec_arg(p)
     p.add_argument("--site", metavar="NAME|FILE", help="site profile (its arch, gpu, driver are checked too)")
 
 
-ARGS = {"check": _check_args, "build": _build_args, "lock": lock_args, "diff": diff_args, "presets": lambda p: p.add_argument(
-    "--json", action="store_true", help="machine-readable output"), "schema": lambda p: None,
-        "verify": _verify_args, "sif": _sif_args, "compare": _compare_args, "init": _init_args,
+ARGS = {"check": _check_args, "build": _build_args, "lock": lock_args, "diff": diff_args, "presets": presets_args,
+        "schema": lambda p: None,
+        "verify": _verify_args, "sif": _sif_args, "compare": _compare_args, "init": _init_args, "sites": sites_args,
         "export": _export_args, "attest": _attest_args}
 
 

@@ -11,11 +11,12 @@ DOCS: dict[str, str] = {
     "sif": "docs/sif.md",
     "compare": "docs/engines.md#comparing-two-images-envbuilder-compare",
     "presets": "docs/writing-a-spec.md#presets-recipes-generated-files-in-images",
+    "sites": "docs/jobs.md#site-profiles-envbuilder-sites",
     "schema": "docs/spec.md (the same schema as a page)",
     "verify": "docs/verify.md; --attest: docs/attestation.md",
     "lock": "docs/lock.md; with podman or buildah, rootless: docs/login-node.md",
     "diff": "docs/lock.md",
-    "init": "docs/import.md",
+    "init": "docs/import.md; --preset NAME: docs/writing-a-spec.md (Presets)",
     "export": "docs/import.md#the-way-back-envbuilder-export",
     "attest": "docs/attestation.md",
 }

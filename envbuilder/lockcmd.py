@@ -28,7 +28,7 @@ from .lock.variant import check_framework_build
 from .needs import bootstrap_prefer, needs, source_tarballs
 from .output import check_output_folder, check_replaceable, write_folder
 from .stack import Stack, resolve
-from .spec.model import load_spec
+from .spec.presets import load_spec_arg
 
 
 def lock_path(spec, lock: str | None = None, out: str | None = None) -> Path:
@@ -135,7 +135,8 @@ def summary(lock) -> str:
 # --- lock -----------------------------------------------------------------------------------
 
 def lock_args(p) -> None:
-    p.add_argument("spec", help="the YAML spec")
+    p.add_argument("spec", metavar="SPEC|PRESET", help="the YAML spec, or a preset's name (a file of that name "
+                   "here wins)")
     p.add_argument("--out", help="output folder whose envbuilder.lock to write (default: images/<name>)")
     add_lock_option(p)
     p.add_argument("--update", action="append", default=[], metavar="NAME",
@@ -159,7 +160,7 @@ def add_force_option(p) -> None:
 
 def cmd_lock(args) -> int:
 
-    spec = load_spec(args.spec)
+    spec = load_spec_arg(args.spec, quiet=bool(getattr(args, "json", False)))
     stack = resolve(spec)
     path = lock_path(spec, args.lock, args.out)
     check_output_folder(path.parent, "--lock" if args.lock else "--out")

@@ -26,7 +26,7 @@ from .errors import EnvbuilderError
 
 @dataclass(frozen=True)
 class BuildRequest:
-    spec: str                            # the spec file
+    spec: str                            # the spec file, or a preset's name
     opts: BuildOptions
     out: str | None = None               # None: images/<name>
     lock: str | None = None              # None: <output folder>/envbuilder.lock
@@ -187,9 +187,9 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
     from .lockcmd import ensure_locked, existing_lock, lock_path
     from .output import check_output_folder, write_folder
     from .slurm.options import apply_job_options
-    from .spec.model import load_spec
+    from .spec.presets import load_spec_arg
 
-    spec = apply_job_options(load_spec(req.spec), site=req.site, runtime=req.runtime, sweep=list(req.sweep))
+    spec = apply_job_options(load_spec_arg(req.spec, quiet=req.opts.quiet), site=req.site, runtime=req.runtime, sweep=list(req.sweep))
     _check_sif_request(req)
     _check_engine_file(req, spec.targets)
     from .engines import check_push

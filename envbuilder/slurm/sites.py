@@ -39,11 +39,19 @@ ADDED = ("binds", "modules")          # lists: the spec's entries, then the site
 MAP_KEYS = ("env", "bandwidth_floor")  # maps: the site's values win
 
 
+def bundled_sites_dir() -> Path:
+    """envbuilder's own profiles: the installed package's sites/ folder (setup.py ships the
+    repository's sites/ there), or the checkout's sites/."""
+    package = Path(__file__).resolve().parent.parent
+    shipped = package / "sites"
+    return shipped if shipped.is_dir() else package.parent / "sites"
+
+
 def site_dirs() -> list[Path]:
     """Where --site NAME looks: $ENVBUILDER_SITES (':'-separated), ./sites, the bundled sites/."""
     dirs = [Path(p) for p in os.environ.get("ENVBUILDER_SITES", "").split(os.pathsep) if p]
     dirs.append(Path("sites"))
-    dirs.append(Path(__file__).resolve().parent.parent.parent / "sites")
+    dirs.append(bundled_sites_dir())
     return dirs
 
 
@@ -73,6 +81,7 @@ class Site:
     path: str
     settings: Cluster          # the profile's values (unset keys at Cluster's defaults)
     keys: frozenset[str]       # the keys the profile sets
+    description: str = ""
 
 
 def load_site(name_or_file: str) -> Site:
@@ -87,10 +96,10 @@ def load_site(name_or_file: str) -> Site:
     if errors:
         raise SpecErrors(errors)
     name = data.pop("name") or path.stem
-    data.pop("description", None)
+    description = data.pop("description", None) or ""
     # keep only what the profile sets: defaults must not override the spec
     given = {k: v for k, v in data.items() if k in doc.data and v is not None}
-    return Site(name, str(path), cluster_from_data(given), frozenset(given))
+    return Site(name, str(path), cluster_from_data(given), frozenset(given), description)
 
 
 def merge(spec_cluster: Cluster, site: Site) -> Cluster:

@@ -5,6 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
     ca-certificates      # pip / apt over the network's TLS CA
+    pipx                 # tests/test_install.py: `pipx install` of the built wheel, as docs/install.md says
     git
     python3 python3-venv python3-pip
     python3-dev g++ make cmake   # compile Horovod for the host smoke environment (make-smoke-venv.sh)

@@ -236,7 +236,7 @@ def cmd_init(args) -> int:
     from .importers import import_spec
 
     if args.preset or not args.source:
-        from .shipped import init_preset
+        from .shippedcmd import init_preset
 
         return init_preset(args, _write_new)
     text, summary = import_spec(args.source, name=args.name, base=args.base, extras=tuple(args.extra),
@@ -378,7 +378,7 @@ def cmd_attest(args) -> int:
 
 
 from .lockcmd import cmd_diff, cmd_lock, diff_args, lock_args  # noqa: E402
-from .shipped import cmd_presets, cmd_sites, presets_args, sites_args  # noqa: E402
+from .shippedcmd import cmd_presets, cmd_sites, presets_args, sites_args  # noqa: E402
 
 command("lock", "resolve every pin and hash of a spec into envbuilder.lock (--update NAME: one entry)")(cmd_lock)
 command("diff", "compare two locks or manifests (files, output folders, images): added, removed, changed")(cmd_diff)

@@ -124,7 +124,7 @@ def test_the_image_side_manifest_path_matches_paths_py():
     assert launcher.DEFAULT_MANIFEST == paths.MANIFEST_IN_IMAGE
 
 
-CLI_LAYER = {"envbuilder.cli", "envbuilder.lockcmd", "envbuilder.verify.cli"}
+CLI_LAYER = {"envbuilder.cli", "envbuilder.lockcmd", "envbuilder.shippedcmd", "envbuilder.verify.cli"}
 
 
 def test_only_the_cli_layer_knows_argparse():

@@ -7,7 +7,6 @@ messages of a name that is no preset. No image is built here (docs/install.md)."
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

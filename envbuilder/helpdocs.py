@@ -18,6 +18,8 @@ DOCS: dict[str, str] = {
     "init": "docs/import.md",
     "export": "docs/import.md#the-way-back-envbuilder-export",
     "attest": "docs/attestation.md",
+    "config": "docs/config.md",
+    "doctor": "docs/doctor.md",
 }
 
 

@@ -10,7 +10,6 @@ it into the output folder too.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -45,12 +44,17 @@ def add_lock_option(p) -> None:
 
 def build_options(args) -> BuildOptions:
     """The options object engines and the lock step take, from `build`'s or `lock`'s arguments
-    (with the ENVBUILDER_* variables as defaults): the one place argparse meets them."""
+    over the configuration (config.py: the ENVBUILDER_* variables, the user's and the site's
+    config.toml): the one place argparse meets them. A file or folder named anywhere must exist
+    (the message says where it was set)."""
+    from .config import load_config, require_path
+
+    cfg = load_config({k: getattr(args, k, None) for k in ("wheelhouse", "ca_bundle", "netrc")})
     return BuildOptions(
         engine=getattr(args, "engine", None) or "docker", tag=getattr(args, "tag", None),
-        ca_bundle=getattr(args, "ca_bundle", None) or os.environ.get("ENVBUILDER_CA_BUNDLE"),
-        netrc=getattr(args, "netrc", None) or os.environ.get("ENVBUILDER_NETRC"),
-        wheelhouse=getattr(args, "wheelhouse", None) or os.environ.get("ENVBUILDER_WHEELHOUSE"),
+        ca_bundle=require_path(cfg, "ca_bundle"), netrc=require_path(cfg, "netrc"),
+        wheelhouse=require_path(cfg, "wheelhouse"),
+        index_url=cfg.get("pip_index_url"), extra_index_urls=tuple(cfg.list("extra_index_url")),
         exports=tuple(getattr(args, "export", None) or ()),
         check_reproducible=bool(getattr(args, "check_reproducible", False)),
         conda_lockfile=getattr(args, "conda_lockfile", None), quiet=bool(getattr(args, "json", False)),
@@ -58,7 +62,8 @@ def build_options(args) -> BuildOptions:
 
 
 def _resolver_options(opts: BuildOptions) -> dict:
-    return {"wheelhouse": opts.wheelhouse, "ca_bundle": opts.ca_bundle, "conda_lockfile": opts.conda_lockfile}
+    return {"wheelhouse": opts.wheelhouse, "ca_bundle": opts.ca_bundle, "conda_lockfile": opts.conda_lockfile,
+            "index_url": opts.index_url, "extra_index_urls": list(opts.extra_index_urls)}
 
 
 def _say(quiet: bool):

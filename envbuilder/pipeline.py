@@ -189,7 +189,11 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
     from .slurm.options import apply_job_options
     from .spec.model import load_spec
 
-    spec = apply_job_options(load_spec(req.spec), site=req.site, runtime=req.runtime, sweep=list(req.sweep))
+    from .config import load_config
+
+    cfg = load_config()         # the site profile and runtime a site or user set once (docs/config.md)
+    spec = apply_job_options(load_spec(req.spec), site=req.site or cfg.get("site"),
+                             runtime=req.runtime or cfg.get("runtime"), sweep=list(req.sweep))
     _check_sif_request(req)
     _check_engine_file(req, spec.targets)
     from .engines import check_push

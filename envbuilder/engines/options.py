@@ -13,6 +13,8 @@ class BuildOptions:
     ca_bundle: str | None = None             # a build secret, never in a layer
     netrc: str | None = None                 # a private index's login, a build secret like the CA
     wheelhouse: str | None = None            # a bind mount, never in a layer
+    index_url: str | None = None             # the pip index (config pip_index_url); None: PyPI
+    extra_index_urls: tuple[str, ...] = ()   # more indexes (config extra_index_url)
     exports: tuple[str, ...] = ()            # buildah/podman: any of engines.buildah.EXPORTS
     check_reproducible: bool = False         # buildah/podman: build twice, compare digests
     conda_lockfile: str | None = None        # the lock step: a conda-lock file instead of resolving

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from .engines.context import check_inputs
+from .errors import EnvbuilderError
 from .engines.docker import engine
 from .engines import ENGINES
 from .engines.images import AUTO_ORDER, image_engine
@@ -53,7 +54,7 @@ def build_options(args) -> BuildOptions:
     return BuildOptions(
         engine=getattr(args, "engine", None) or "docker", tag=getattr(args, "tag", None),
         ca_bundle=require_path(cfg, "ca_bundle"), netrc=require_path(cfg, "netrc"),
-        wheelhouse=require_path(cfg, "wheelhouse"),
+        wheelhouse=require_path(cfg, "wheelhouse"), wheelhouse_origin=cfg.origin("wheelhouse"),
         index_url=cfg.get("pip_index_url"), extra_index_urls=tuple(cfg.list("extra_index_url")),
         exports=tuple(getattr(args, "export", None) or ()),
         check_reproducible=bool(getattr(args, "check_reproducible", False)),
@@ -109,16 +110,35 @@ def ensure_locked(opts: BuildOptions, stack: Stack) -> Lock | None:
     if lock is None:
         started = time.monotonic()
         check_inputs(opts.ca_bundle, opts.wheelhouse)
-        lock = resolve_lock(stack, needs(stack), client=client, progress=_say(quiet),
-                            sources=source_tarballs(stack), prefer=bootstrap_prefer(stack),
-                            **_resolver_options(opts))
-        check_framework(stack, lock)
+        lock = _resolve_checked(stack, opts, client=client, progress=_say(quiet),
+                                sources=source_tarballs(stack), prefer=bootstrap_prefer(stack))
         if not quiet:
             print(f"locked {stack.spec.name} with {resolver.name} in {time.monotonic() - started:.0f} s: "
                   f"{summary(lock)}")
     if engine.needs_daemon:        # a daemonless engine checks (or copies in) the base in its own storage
         for entry in lock.base.values():
             check_engine_base(entry, resolver)
+    return lock
+
+
+def _resolve_checked(stack, opts: BuildOptions, **kwargs) -> Lock:
+    """resolve_lock, then the framework build check. A wheelhouse from the configuration (a site's
+    or user's, not --wheelhouse) is a source of wheels, not a demand: when the framework wheel the
+    lock took from it is the wrong build for this spec (the site's CPU torch for a GPU spec), the
+    lock is resolved again without it, saying so; given on the command line, it is refused."""
+    lock = resolve_lock(stack, needs(stack), **kwargs, **_resolver_options(opts))
+    try:
+        check_framework(stack, lock)
+    except EnvbuilderError as exc:
+        configured = opts.wheelhouse and not opts.wheelhouse_origin.startswith("command line")
+        if not configured or "from the wheelhouse" not in exc.reason:
+            raise
+        if not opts.quiet:
+            print(f"note: the wheelhouse {opts.wheelhouse} ({opts.wheelhouse_origin}) holds the wrong build "
+                  f"of {stack.spec.framework.name} for this spec: locking without it", file=sys.stderr)
+        without = dict(_resolver_options(opts), wheelhouse=None)
+        lock = resolve_lock(stack, needs(stack), **kwargs, **without)
+        check_framework(stack, lock)
     return lock
 
 
@@ -181,11 +201,10 @@ def cmd_lock(args) -> int:
     opts = build_options(args)
     check_inputs(opts.ca_bundle, opts.wheelhouse)
     started = time.monotonic()
-    lock = resolve_lock(stack, needs(stack), client=_engines(args.engine, stack, args.json), previous=previous, update=args.update,
-                        progress=_say(args.json), sources=source_tarballs(stack), prefer=bootstrap_prefer(stack),
-                        **_resolver_options(opts))
+    lock = _resolve_checked(stack, opts, client=_engines(args.engine, stack, args.json), previous=previous,
+                            update=args.update, progress=_say(args.json), sources=source_tarballs(stack),
+                            prefer=bootstrap_prefer(stack))
     seconds = time.monotonic() - started
-    check_framework(stack, lock)
     if previous is not None and previous.inputs == lock.inputs and previous.flat() == lock.flat() \
             and previous.conda == lock.conda:
         lock.resolved_at, lock.resolvers = previous.resolved_at, previous.resolvers   # nothing changed

@@ -13,6 +13,7 @@ class BuildOptions:
     ca_bundle: str | None = None             # a build secret, never in a layer
     netrc: str | None = None                 # a private index's login, a build secret like the CA
     wheelhouse: str | None = None            # a bind mount, never in a layer
+    wheelhouse_origin: str = ""              # where it was set (config.py origin), for messages
     index_url: str | None = None             # the pip index (config pip_index_url); None: PyPI
     extra_index_urls: tuple[str, ...] = ()   # more indexes (config extra_index_url)
     exports: tuple[str, ...] = ()            # buildah/podman: any of engines.buildah.EXPORTS

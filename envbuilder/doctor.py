@@ -100,7 +100,7 @@ def _docker_clis() -> list[str]:
 def _buildkit_cli(clis: list[str]) -> tuple[str | None, list[str]]:
     """The CLI that runs a BuildKit build (as engines/docker.py buildkit_cli picks it, bounded),
     and what each other CLI lacks."""
-    notes = []
+    notes: list[str] = []
     for exe in clis:
         if _run([exe, "buildx", "version"])[0] == 0:
             return f"{exe} buildx build", notes
@@ -329,7 +329,7 @@ def check_qemu() -> Check:
     here = emulation.machine()
     other = "aarch64" if here == "x86_64" else "x86_64"
     why = emulation.why_not_runnable(other)
-    facts = {"machine": here, "other": other}
+    facts: dict = {"machine": here, "other": other}
     if why:
         return Check("qemu", "missing", f"this {here} machine cannot run {other} programs: {why}", emulation.FIX, facts)
     version = emulation.qemu_version(other)
@@ -383,12 +383,12 @@ def preset_needs(name: str) -> tuple[dict[str, str], str]:
 
     stack = resolve(preset_spec(name))
     spec = stack.spec
-    needs = {"engine": "an engine to build its image (docker with BuildKit, podman, buildah or apptainer)"}
+    needs: dict[str, str] = {"engine": "an engine to build its image (docker with BuildKit, podman, buildah or apptainer)"}
     if spec.target_arch != emulation.machine():
         needs["qemu"] = f"its image is {spec.target_arch}: building and verifying it here needs QEMU"
-    bases = [b for b in {stack.base, getattr(stack, "runtime_base", None)} if b]
-    if any(not str(b).startswith("local/") for b in bases):
-        needs["registry"] = f"its base {', '.join(sorted(map(str, bases)))} comes from a registry"
+    bases = sorted(str(b) for b in {stack.base, getattr(stack, "runtime_base", None)} if b)
+    if any(not b.startswith("local/") for b in bases):
+        needs["registry"] = f"its base {', '.join(bases)} comes from a registry"
     if spec.cuda is not None:
         needs["gpu"] = "a GPU image (nothing GPU is needed to build it; its GPU checks need one)"
     return needs, f"{name}: {spec.framework.name} {spec.framework.version}, {spec.target_arch}, base {stack.base}"

@@ -115,7 +115,8 @@ class Config:
     def list(self, key: str) -> list[str]:
         """A list key's values (extra_index_url: spaces; conda_channel: commas)."""
         raw = self.get(key) or ""
-        return [p for p in re.split(r"[\s,]+", raw) if p]
+        parts = raw.split() if KEYS[key].kind == "urls" else raw.split(",")
+        return [p.strip() for p in parts if p.strip()]
 
     def as_dict(self) -> dict:
         return {"keys": [{"key": k, "value": v, "origin": o, "env": env_name(k), "help": KEYS[k].help}

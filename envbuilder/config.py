@@ -36,7 +36,6 @@ SITE_FILE = Path("/etc/envbuilder/config.toml")
 ENV_CONFIG = "ENVBUILDER_CONFIG"
 MAX_FILE_BYTES = 1 << 20
 DEFAULT_INDEX = "https://pypi.org/simple"
-RUNTIMES_FALLBACK = ("apptainer", "singularity", "charliecloud", "pyxis", "podman-hpc", "docker", "host")
 
 
 @dataclass(frozen=True)
@@ -54,8 +53,8 @@ KEYS: dict[str, Key] = {
     "ca_bundle": Key("file", "PEM bundle the lock and the build's pip trust (a TLS-intercepting proxy); "
                      "handed to the build as a secret, never stored in the image (--ca-bundle)",
                      '"/etc/ssl/certs/ca-certificates.crt"'),
-    "pip_index_url": Key("url", "the pip index the lock resolves against and the build installs from "
-                         "(a site's PyPI mirror)", '"https://pypi.example.org/simple"', DEFAULT_INDEX),
+    "pip_index_url": Key("url", "the pip index the lock resolves against (a site's PyPI "
+                         "mirror; the build's pip: docs/config.md)", '"https://pypi.example.org/simple"', DEFAULT_INDEX),
     "extra_index_url": Key("urls", "more pip indexes, after pip_index_url (a string, or a list of URLs)",
                            '["https://download.pytorch.org/whl/cpu"]'),
     "netrc": Key("file", "netrc file with a private index's login (machine HOST login USER password "
@@ -67,8 +66,8 @@ KEYS: dict[str, Key] = {
                          '"https://conda.example.org/conda-forge"'),
     "site": Key("name", "the site profile `build` and `check` use when --site is not given "
                 "(a name in sites/ or a file)", '"example-gpu"'),
-    "runtime": Key("runtime", "how job.sbatch runs the image when neither --runtime nor the spec says "
-                   "(cluster.runtime)", '"apptainer"'),
+    "runtime": Key("runtime", "how job.sbatch runs the image when --runtime is not given "
+                   "(like --runtime, over the spec's cluster.runtime)", '"apptainer"'),
 }
 
 
@@ -202,7 +201,9 @@ def _read_file(kind: str, path: Path, why: str) -> dict[str, Value]:
         found = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
         line = int(found.group(1)) if found else None
         reason = re.sub(r"\s*\(at line \d+, column \d+\)|\s*\(at end of document\)", "", str(exc))
-        raise EnvbuilderError(label, f"not valid TOML: {reason}",
+        named = re.match(r"\s*([A-Za-z0-9_-]+)\s*=", text.splitlines()[line - 1]) if line and \
+            line <= len(text.splitlines()) else None
+        raise EnvbuilderError(named.group(1) if named else label, f"not valid TOML: {reason}",
                               'write one `key = "value"` per line (strings in double quotes); keys: '
                               + ", ".join(KEYS), line=line, source=str(path)) from None
     lines = text.splitlines()
@@ -288,11 +289,9 @@ def _check(key: str, value: str, where: str, field: str, *, base: Path | None,
 
 
 def _runtimes() -> list[str]:
-    try:
-        from .spec.schema import RUNTIMES
-        return list(RUNTIMES)
-    except ImportError:         # pragma: no cover
-        return list(RUNTIMES_FALLBACK)
+    from .spec.schema import RUNTIMES      # the runtimes job.sbatch knows (runtimes/__init__.py)
+
+    return list(RUNTIMES)
 
 
 def check_mirror(value: str, bad) -> str:

@@ -48,7 +48,7 @@ class Check:
     facts: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "status": self.status, "detail": self.detail, "fix": self.fix, **self.facts}
+        return {**self.facts, "name": self.name, "status": self.status, "detail": self.detail, "fix": self.fix}
 
 
 def _run(argv: list[str], timeout: float = PROBE_S) -> tuple[int, str]:
@@ -314,7 +314,7 @@ def check_registry(cfg: Config | None) -> Check:
     target = mirror or DOCKER_HUB
     status, why = _get(target + "/v2/", bundle if bundle and Path(bundle).is_file() else None)
     where = f"the mirror {mirror} ({cfg.origin('registry_mirror')})" if mirror and cfg else f"Docker Hub ({DOCKER_HUB})"
-    facts = {"url": target, "mirror": bool(mirror), "status": status}
+    facts = {"url": target, "mirror": bool(mirror), "http_status": status}
     if status in (200, 401):
         return Check("registry", "ok", f"{where} answers: GET /v2/ gave {status}", "", facts)
     detail = f"{where} does not answer: GET {target}/v2/: {why or status}"

@@ -53,8 +53,8 @@ KEYS: dict[str, Key] = {
     "ca_bundle": Key("file", "PEM bundle the lock and the build's pip trust (a TLS-intercepting proxy); "
                      "handed to the build as a secret, never stored in the image (--ca-bundle)",
                      '"/etc/ssl/certs/ca-certificates.crt"'),
-    "pip_index_url": Key("url", "the pip index the lock resolves against (a site's PyPI "
-                         "mirror; the build's pip: docs/config.md)", '"https://pypi.example.org/simple"', DEFAULT_INDEX),
+    "pip_index_url": Key("url", "the pip index the lock resolves against and the build's pip "
+                         "installs from (a site's PyPI mirror)", '"https://pypi.example.org/simple"', DEFAULT_INDEX),
     "extra_index_url": Key("urls", "more pip indexes, after pip_index_url (a string, or a list of URLs)",
                            '["https://download.pytorch.org/whl/cpu"]'),
     "netrc": Key("file", "netrc file with a private index's login (machine HOST login USER password "

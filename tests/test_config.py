@@ -251,3 +251,25 @@ def test_docs_config_holds_the_key_table():
     page = (ROOT / "docs" / "config.md").read_text()
     assert doc_table() in page, "docs/config.md: paste the output of `python -c 'from envbuilder.config import " \
         "doc_table; print(doc_table())'`"
+
+
+def test_the_builds_pip_gets_the_configured_index_beside_the_wheels(tmp_path):
+    """Docker and buildah builds: the index the lock resolved against reaches the build's pip as a
+    pip configuration file in the bound wheelhouse (network_setup reads it), in no layer; PyPI alone
+    writes none, so a default build is unchanged. Real pip reads the file."""
+    import subprocess
+    import sys
+
+    from envbuilder.engines.context import pip_index_conf, stage_context
+    from envbuilder.render.common import PIP_INDEX_CONF, WHEELHOUSE, network_setup
+
+    assert pip_index_conf("https://pypi.org/simple") is None and pip_index_conf(None) is None
+    text = pip_index_conf("https://mirror.example/simple", ("https://download.pytorch.org/whl/cpu",))
+    ctx = stage_context(tmp_path, {"Dockerfile": b"FROM x\n"}, None, text)
+    conf = ctx / "wheelhouse" / PIP_INDEX_CONF
+    shown = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                           env={"PIP_CONFIG_FILE": str(conf), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}).stdout
+    assert "global.index-url='https://mirror.example/simple'" in shown, shown
+    assert "global.extra-index-url='https://download.pytorch.org/whl/cpu'" in shown, shown
+    assert f"export PIP_CONFIG_FILE={WHEELHOUSE}/{PIP_INDEX_CONF}" in " ".join(network_setup())
+    assert not (stage_context(tmp_path, {}, None, None) / "wheelhouse" / PIP_INDEX_CONF).exists()

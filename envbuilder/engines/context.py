@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import EnvbuilderError
+from ..config import DEFAULT_INDEX
+from ..render.common import PIP_INDEX_CONF
 
 
 def check_inputs(ca_bundle: str | None, wheelhouse: str | None) -> None:
@@ -63,7 +65,22 @@ def host_pip_ca_bundle(env: Mapping[str, str] | None = None) -> tuple[str, str] 
     return None
 
 
-def stage_context(folder: Path, files: dict[str, bytes], wheelhouse: str | None) -> Path:
+def pip_index_conf(index_url: str | None, extra_index_urls: tuple[str, ...] | list[str] = ()) -> str | None:
+    """The pip configuration the build's pip reads for the site's index (render/common.py
+    network_setup), or None when the index is PyPI's and there is no other."""
+    if (not index_url or index_url.rstrip("/") == DEFAULT_INDEX) and not extra_index_urls:
+        return None
+    lines = ["# written by envbuilder for this build: the index the lock resolved against (docs/config.md)",
+             "[global]"]
+    if index_url:
+        lines.append(f"index-url = {index_url}")
+    if extra_index_urls:
+        lines.append("extra-index-url = " + " ".join(extra_index_urls))
+    return "\n".join(lines) + "\n"
+
+
+def stage_context(folder: Path, files: dict[str, bytes], wheelhouse: str | None, pip_conf: str | None = None) -> Path:
+    """``pip_conf``: pip_index_conf's text, written beside the wheels (bound at /wheelhouse, in no layer)."""
     root = Path(tempfile.mkdtemp(prefix="envbuilder-context-"))
     for name, data in files.items():
         path = root / name
@@ -73,6 +90,8 @@ def stage_context(folder: Path, files: dict[str, bytes], wheelhouse: str | None)
     wh.mkdir(exist_ok=True)
     if wheelhouse:
         link_wheels(Path(wheelhouse), wh)
+    if pip_conf:
+        (wh / PIP_INDEX_CONF).write_text(pip_conf)
     conda = folder / "conda-pkgs"          # the locked conda packages, fetched by the pipeline
     if conda.is_dir() and not conda.is_symlink():
         (root / "conda-pkgs").mkdir(exist_ok=True)

@@ -273,3 +273,39 @@ def test_the_builds_pip_gets_the_configured_index_beside_the_wheels(tmp_path):
     assert "global.extra-index-url='https://download.pytorch.org/whl/cpu'" in shown, shown
     assert f"export PIP_CONFIG_FILE={WHEELHOUSE}/{PIP_INDEX_CONF}" in " ".join(network_setup())
     assert not (stage_context(tmp_path, {}, None, None) / "wheelhouse" / PIP_INDEX_CONF).exists()
+
+
+def test_a_configured_wheelhouse_stays_out_of_a_rendered_folder(tmp_path):
+    """`build --no-build` fills the folder's wheelhouse/ only for --wheelhouse on that command; the
+    site's wheelhouse is the build's, not every rendered folder's (the README's "empty wheelhouse/")."""
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "six-1.16.0-py2.py3-none-any.whl").write_bytes(b"PK")
+    env = _files(tmp_path, site=f'wheelhouse = "{tmp_path}/wheels"\n')
+    spec = str(RECIPES / "cpu-torch-horovod.yaml")
+    r = run_envbuilder("build", spec, "--out", str(tmp_path / "a"), "--no-build", env=env)
+    assert r.code == 0, r.err
+    assert sorted(p.name for p in (tmp_path / "a" / "wheelhouse").iterdir()) == ["README.md"]
+    r = run_envbuilder("build", spec, "--out", str(tmp_path / "b"), "--no-build", "--wheelhouse",
+                       str(tmp_path / "wheels"), env=env)
+    assert r.code == 0 and (tmp_path / "b" / "wheelhouse" / "six-1.16.0-py2.py3-none-any.whl").is_file()
+
+
+def test_wheels_that_would_beat_the_locked_file_stay_out_of_the_build(tmp_path):
+    """PEP 440 lets `torch==2.13.0` match the wheelhouse's `2.13.0+cpu`: a build whose lock pins
+    PyPI's torch must not see that wheel (pip would take it, then fail the lock's hash)."""
+    from envbuilder.engines.context import conflicting_wheels, stage_context
+
+    wh = tmp_path / "wheels"
+    wh.mkdir()
+    for name in ("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "six-1.16.0-py2.py3-none-any.whl",
+                 "Other_Pkg-1.0-py3-none-any.whl"):
+        (wh / name).write_bytes(b"PK")
+    locked = [{"name": "torch", "version": "2.13.0", "file": "torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl"},
+              {"name": "six", "version": "1.16.0", "file": "six-1.16.0-py2.py3-none-any.whl"}]
+    skip = conflicting_wheels(wh, locked)
+    assert skip == ("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",)
+    ctx = stage_context(tmp_path, {}, str(wh), None, skip)
+    assert sorted(p.name for p in (ctx / "wheelhouse").iterdir()) == ["Other_Pkg-1.0-py3-none-any.whl",
+                                                                     "six-1.16.0-py2.py3-none-any.whl"]
+    # the CPU preset's lock pins the wheelhouse's own file: nothing is left out
+    assert conflicting_wheels(wh, [dict(locked[0], file="torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")]) == ()

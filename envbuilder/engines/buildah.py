@@ -269,7 +269,8 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     for ref in _bases(dockerfile):
         ensure_base(engine, ref, locked_bases.get(ref))
     tag = opts.tag or image_tag(stack)
-    context = stage_context(folder, output.files, opts.wheelhouse, pip_index_conf(opts.index_url, opts.extra_index_urls))
+    context = stage_context(folder, output.files, opts.wheelhouse, pip_index_conf(opts.index_url, opts.extra_index_urls),
+                            opts.skip_wheels)
     log_path = folder / "build.log"
     try:
         with open(log_path, "w", encoding="utf-8") as log:

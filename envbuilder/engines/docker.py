@@ -151,7 +151,8 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     _check_engine(client, "cpu" if stack.spec.cuda is None else "cuda-pypi" if stack.pypi_cuda else "cuda")
     cli = buildkit_cli()
     tag = opts.tag or image_tag(output.stack)
-    context = stage_context(folder, output.files, wheelhouse, pip_index_conf(opts.index_url, opts.extra_index_urls))
+    context = stage_context(folder, output.files, wheelhouse, pip_index_conf(opts.index_url, opts.extra_index_urls),
+                            opts.skip_wheels)
     log_path = folder / "build.log"
     cmd = docker_build_command(cli, context, tag, ca, netrc, platform=platform_of(output.stack))
     quiet = opts.quiet

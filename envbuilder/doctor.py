@@ -287,6 +287,7 @@ def check_index(cfg: Config | None) -> Check:
     probe = url.rstrip("/") + "/pip/"
     plain, why_plain = _get(probe)
     facts: dict = {"url": url, "without_ca_bundle": plain or why_plain}
+    shown_plain = f"without it: {plain}" if plain else f"without it: {why_plain}"
     if bundle:
         if not Path(bundle).is_file():
             return Check("index", "missing", f"the ca_bundle {bundle} ({cfg.origin('ca_bundle') if cfg else ''}) "
@@ -294,7 +295,7 @@ def check_index(cfg: Config | None) -> Check:
         with_ca, why_ca = _get(probe, bundle)
         facts["with_ca_bundle"] = with_ca or why_ca
         if with_ca and with_ca < 500:
-            extra = "" if plain else f"; without it: {why_plain} (a TLS-intercepting proxy: keep ca_bundle)"
+            extra = f"; {shown_plain}" + ("" if plain else " (a TLS-intercepting proxy: keep ca_bundle)")
             return Check("index", "ok", f"{url} ({origin}) answers over TLS with the ca_bundle {bundle}{extra}",
                          "", facts)
         return Check("index", "missing", f"{url} ({origin}): with the ca_bundle {bundle}: {why_ca or with_ca}; "
@@ -383,7 +384,8 @@ def preset_needs(name: str) -> tuple[dict[str, str], str]:
 
     stack = resolve(preset_spec(name))
     spec = stack.spec
-    needs: dict[str, str] = {"engine": "an engine to build its image (docker with BuildKit, podman, buildah or apptainer)"}
+    needs: dict[str, str] = {"engine": "an engine to build its image (docker with BuildKit, podman, buildah or apptainer)",
+                             "index": "its lock and build fetch Python packages from the pip index"}
     if spec.target_arch != emulation.machine():
         needs["qemu"] = f"its image is {spec.target_arch}: building and verifying it here needs QEMU"
     bases = sorted(str(b) for b in {stack.base, getattr(stack, "runtime_base", None)} if b)

@@ -31,6 +31,7 @@ from pathlib import Path
 from . import emulation
 from .config import Config, load_config
 from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EnvbuilderError
+from .redact import redact_url
 
 PROBE_S = 10            # a local program's --version, sinfo, srun --mpi=list
 NET_S = 5               # one HTTP(S) request
@@ -287,6 +288,13 @@ def check_index(cfg: Config | None) -> Check:
     probe = url.rstrip("/") + "/pip/"
     plain, why_plain = _get(probe)
     facts: dict = {"url": url, "without_ca_bundle": plain or why_plain}
+    proxy = next((os.environ[v] for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+                  if os.environ.get(v)), None)
+    facts["proxy"] = redact_url(proxy) if proxy else None
+    if proxy:
+        url_shown = f"{url} via the proxy {redact_url(proxy)}"
+    else:
+        url_shown = url
     shown_plain = f"without it: {plain}" if plain else f"without it: {why_plain}"
     if bundle:
         if not Path(bundle).is_file():
@@ -296,17 +304,17 @@ def check_index(cfg: Config | None) -> Check:
         facts["with_ca_bundle"] = with_ca or why_ca
         if with_ca and with_ca < 500:
             extra = f"; {shown_plain}" + ("" if plain else " (a TLS-intercepting proxy: keep ca_bundle)")
-            return Check("index", "ok", f"{url} ({origin}) answers over TLS with the ca_bundle {bundle}{extra}",
+            return Check("index", "ok", f"{url_shown} ({origin}) answers over TLS with the ca_bundle {bundle}{extra}",
                          "", facts)
-        return Check("index", "missing", f"{url} ({origin}): with the ca_bundle {bundle}: {why_ca or with_ca}; "
+        return Check("index", "missing", f"{url_shown} ({origin}): with the ca_bundle {bundle}: {why_ca or with_ca}; "
                      f"without: {why_plain or plain}", "check the proxy (HTTPS_PROXY) and that ca_bundle holds "
                      "the CA that signs the index's certificate (docs/config.md)", facts)
     if plain and plain < 500:
-        return Check("index", "ok", f"{url} ({origin}) answers over TLS with the system's trust store", "", facts)
+        return Check("index", "ok", f"{url_shown} ({origin}) answers over TLS with the system's trust store", "", facts)
     fix = ("set ca_bundle (docs/config.md) to the bundle that holds your proxy's CA"
            if "certificate" in why_plain else "check the network or proxy (HTTPS_PROXY), or set pip_index_url to "
            "the site's mirror and wheelhouse for offline wheels (docs/config.md)")
-    return Check("index", "missing", f"{url} ({origin}): {why_plain or plain}", fix, facts)
+    return Check("index", "missing", f"{url_shown} ({origin}): {why_plain or plain}", fix, facts)
 
 
 def check_registry(cfg: Config | None) -> Check:

@@ -105,3 +105,15 @@ def test_an_unknown_preset_names_the_close_ones(tmp_path):
     r = _doctor("--preset", "cpu-torch-dpp", env=_config(tmp_path, ""))
     assert r.code == 2 and "--preset: no preset named 'cpu-torch-dpp'" in r.err and "cpu-torch-ddp" in r.err
     assert "Traceback" not in r.err
+
+
+def test_a_proxy_that_does_not_answer_is_named_without_its_login(tmp_path):
+    env = {**_config(tmp_path, 'ca_bundle = "/etc/ssl/certs/ca-certificates.crt"\n'),
+           "HTTPS_PROXY": "http://alice:s3cr3t@127.0.0.1:9", "NO_PROXY": "127.0.0.1,localhost"}
+    r = _doctor("--json", env=env)
+    index = _checks(r.out)["index"]
+    assert index["status"] == "missing" and "via the proxy http://***@127.0.0.1:9" in index["detail"], index
+    assert "check the proxy (HTTPS_PROXY)" in index["fix"]
+    assert "s3cr3t" not in r.out + r.err
+    r = _doctor("--preset", "cpu-torch-ddp", env=env)
+    assert r.code == 1 and re.search(r"^missing\* +index ", r.out, re.M), r.out

@@ -136,8 +136,9 @@ def _resolve_checked(stack, opts: BuildOptions, **kwargs) -> Lock:
         if not opts.quiet:
             print(f"note: the wheelhouse {opts.wheelhouse} ({opts.wheelhouse_origin}) holds the wrong build "
                   f"of {stack.spec.framework.name} for this spec: locking without it", file=sys.stderr)
-        without = dict(_resolver_options(opts), wheelhouse=None)
-        lock = resolve_lock(stack, needs(stack), **kwargs, **without)
+        # the Python packages again, without the wheelhouse; base, OS packages and sources kept
+        again = dict(kwargs, previous=lock, update=[stack.catalog.framework(stack.spec.framework.name)["pip"]])
+        lock = resolve_lock(stack, needs(stack), **again, **dict(_resolver_options(opts), wheelhouse=None))
         check_framework(stack, lock)
     return lock
 

@@ -309,3 +309,4 @@ def test_wheels_that_would_beat_the_locked_file_stay_out_of_the_build(tmp_path):
                                                                      "six-1.16.0-py2.py3-none-any.whl"]
     # the CPU preset's lock pins the wheelhouse's own file: nothing is left out
     assert conflicting_wheels(wh, [dict(locked[0], file="torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl")]) == ()
+

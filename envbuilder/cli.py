@@ -44,13 +44,15 @@ def _add_spec_arg(p):
 def cmd_check(args) -> int:
     from .stack import resolve
     from .spec.presets import load_spec_arg
+    from .config import load_config
 
     spec = load_spec_arg(args.spec, quiet=args.json)
-    if args.site:
+    site = args.site or load_config().get("site")
+    if site:
         from .slurm.options import apply_job_options
 
         # the site's arch, GPU and driver take part in the rules
-        spec = apply_job_options(spec, site=args.site)
+        spec = apply_job_options(spec, site=site)
     stack = resolve(spec)
     if args.json:
         _print_json({"ok": True, "spec": args.spec, "findings": [f.as_dict() for f in stack.findings]})
@@ -377,6 +379,30 @@ def cmd_attest(args) -> int:
     return 0
 
 
+@command("config", "the configuration in force: each key, its value and where it was set, and the files read")
+def cmd_config(args) -> int:
+    from .config import load_config, render_text
+
+    cfg = load_config()
+    if args.json:
+        _print_json({"ok": True, **cfg.as_dict()})
+    else:
+        print(render_text(cfg))
+    return 0
+
+
+@command("doctor", "what this machine can do: engines, Slurm, MPI, proxy and CA, registry, QEMU, config")
+def cmd_doctor(args) -> int:
+    from .doctor import run
+
+    return run(preset=args.preset, as_json=args.json)
+
+
+def _doctor_args(p):
+    p.add_argument("--preset", metavar="NAME", help="exit 1 when something this preset needs is missing")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
 from .lockcmd import cmd_diff, cmd_lock, diff_args, lock_args  # noqa: E402
 from .shippedcmd import cmd_presets, cmd_sites, presets_args, sites_args  # noqa: E402
 
@@ -393,7 +419,8 @@ def _check_args(p):
 ARGS = {"check": _check_args, "build": _build_args, "lock": lock_args, "diff": diff_args, "presets": presets_args,
         "schema": lambda p: None,
         "verify": _verify_args, "sif": _sif_args, "compare": _compare_args, "init": _init_args, "sites": sites_args,
-        "export": _export_args, "attest": _attest_args}
+        "export": _export_args, "attest": _attest_args, "doctor": _doctor_args,
+        "config": lambda p: p.add_argument("--json", action="store_true", help="machine-readable output")}
 
 
 def make_parser() -> argparse.ArgumentParser:

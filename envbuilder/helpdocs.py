@@ -19,6 +19,8 @@ DOCS: dict[str, str] = {
     "init": "docs/import.md; --preset NAME: docs/writing-a-spec.md (Presets)",
     "export": "docs/import.md#the-way-back-envbuilder-export",
     "attest": "docs/attestation.md",
+    "config": "docs/config.md",
+    "doctor": "docs/doctor.md",
 }
 
 

@@ -10,12 +10,12 @@ it into the output folder too.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 from .engines.context import check_inputs
+from .errors import EnvbuilderError
 from .engines.docker import engine
 from .engines import ENGINES
 from .engines.images import AUTO_ORDER, image_engine
@@ -45,12 +45,17 @@ def add_lock_option(p) -> None:
 
 def build_options(args) -> BuildOptions:
     """The options object engines and the lock step take, from `build`'s or `lock`'s arguments
-    (with the ENVBUILDER_* variables as defaults): the one place argparse meets them."""
+    over the configuration (config.py: the ENVBUILDER_* variables, the user's and the site's
+    config.toml): the one place argparse meets them. A file or folder named anywhere must exist
+    (the message says where it was set)."""
+    from .config import load_config, require_path
+
+    cfg = load_config({k: getattr(args, k, None) for k in ("wheelhouse", "ca_bundle", "netrc")})
     return BuildOptions(
         engine=getattr(args, "engine", None) or "docker", tag=getattr(args, "tag", None),
-        ca_bundle=getattr(args, "ca_bundle", None) or os.environ.get("ENVBUILDER_CA_BUNDLE"),
-        netrc=getattr(args, "netrc", None) or os.environ.get("ENVBUILDER_NETRC"),
-        wheelhouse=getattr(args, "wheelhouse", None) or os.environ.get("ENVBUILDER_WHEELHOUSE"),
+        ca_bundle=require_path(cfg, "ca_bundle"), netrc=require_path(cfg, "netrc"),
+        wheelhouse=require_path(cfg, "wheelhouse"), wheelhouse_origin=cfg.origin("wheelhouse"),
+        index_url=cfg.get("pip_index_url"), extra_index_urls=tuple(cfg.list("extra_index_url")),
         exports=tuple(getattr(args, "export", None) or ()),
         check_reproducible=bool(getattr(args, "check_reproducible", False)),
         conda_lockfile=getattr(args, "conda_lockfile", None), quiet=bool(getattr(args, "json", False)),
@@ -58,7 +63,8 @@ def build_options(args) -> BuildOptions:
 
 
 def _resolver_options(opts: BuildOptions) -> dict:
-    return {"wheelhouse": opts.wheelhouse, "ca_bundle": opts.ca_bundle, "conda_lockfile": opts.conda_lockfile}
+    return {"wheelhouse": opts.wheelhouse, "ca_bundle": opts.ca_bundle, "conda_lockfile": opts.conda_lockfile,
+            "index_url": opts.index_url, "extra_index_urls": list(opts.extra_index_urls)}
 
 
 def _say(quiet: bool):
@@ -104,16 +110,36 @@ def ensure_locked(opts: BuildOptions, stack: Stack) -> Lock | None:
     if lock is None:
         started = time.monotonic()
         check_inputs(opts.ca_bundle, opts.wheelhouse)
-        lock = resolve_lock(stack, needs(stack), client=client, progress=_say(quiet),
-                            sources=source_tarballs(stack), prefer=bootstrap_prefer(stack),
-                            **_resolver_options(opts))
-        check_framework(stack, lock)
+        lock = _resolve_checked(stack, opts, client=client, progress=_say(quiet),
+                                sources=source_tarballs(stack), prefer=bootstrap_prefer(stack))
         if not quiet:
             print(f"locked {stack.spec.name} with {resolver.name} in {time.monotonic() - started:.0f} s: "
                   f"{summary(lock)}")
     if engine.needs_daemon:        # a daemonless engine checks (or copies in) the base in its own storage
         for entry in lock.base.values():
             check_engine_base(entry, resolver)
+    return lock
+
+
+def _resolve_checked(stack, opts: BuildOptions, **kwargs) -> Lock:
+    """resolve_lock, then the framework build check. A wheelhouse from the configuration (a site's
+    or user's, not --wheelhouse) is a source of wheels, not a demand: when the framework wheel the
+    lock took from it is the wrong build for this spec (the site's CPU torch for a GPU spec), the
+    lock is resolved again without it, saying so; given on the command line, it is refused."""
+    lock = resolve_lock(stack, needs(stack), **kwargs, **_resolver_options(opts))
+    try:
+        check_framework(stack, lock)
+    except EnvbuilderError as exc:
+        configured = opts.wheelhouse and not opts.wheelhouse_origin.startswith("command line")
+        if not configured or "from the wheelhouse" not in exc.reason:
+            raise
+        if not opts.quiet:
+            print(f"note: the wheelhouse {opts.wheelhouse} ({opts.wheelhouse_origin}) holds the wrong build "
+                  f"of {stack.spec.framework.name} for this spec: locking without it", file=sys.stderr)
+        # the Python packages again, without the wheelhouse; base, OS packages and sources kept
+        again = dict(kwargs, previous=lock, update=[stack.catalog.framework(stack.spec.framework.name)["pip"]])
+        lock = resolve_lock(stack, needs(stack), **again, **dict(_resolver_options(opts), wheelhouse=None))
+        check_framework(stack, lock)
     return lock
 
 
@@ -177,11 +203,10 @@ def cmd_lock(args) -> int:
     opts = build_options(args)
     check_inputs(opts.ca_bundle, opts.wheelhouse)
     started = time.monotonic()
-    lock = resolve_lock(stack, needs(stack), client=_engines(args.engine, stack, args.json), previous=previous, update=args.update,
-                        progress=_say(args.json), sources=source_tarballs(stack), prefer=bootstrap_prefer(stack),
-                        **_resolver_options(opts))
+    lock = _resolve_checked(stack, opts, client=_engines(args.engine, stack, args.json), previous=previous,
+                            update=args.update, progress=_say(args.json), sources=source_tarballs(stack),
+                            prefer=bootstrap_prefer(stack))
     seconds = time.monotonic() - started
-    check_framework(stack, lock)
     if previous is not None and previous.inputs == lock.inputs and previous.flat() == lock.flat() \
             and previous.conda == lock.conda:
         lock.resolved_at, lock.resolvers = previous.resolved_at, previous.resolvers   # nothing changed

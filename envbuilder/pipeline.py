@@ -92,6 +92,20 @@ def _fill_wheelhouse(folder: Path, opts: BuildOptions) -> None:
         print(f"  {folder}/wheelhouse/: {len(added)} local wheel(s) from {opts.wheelhouse}", file=sys.stderr)
 
 
+def _without_conflicting_wheels(opts: BuildOptions, lock) -> BuildOptions:
+    """The wheelhouse's wheels of a locked package that are not the locked file stay out of the
+    build (engines/context.py conflicting_wheels), saying so."""
+    if not opts.wheelhouse or lock is None:
+        return opts
+    from .engines.context import conflicting_wheels
+
+    skip = conflicting_wheels(Path(opts.wheelhouse), lock.pip_entries())
+    if skip and not opts.quiet:
+        print(f"note: left out of the build from the wheelhouse {opts.wheelhouse}: {', '.join(skip)} "
+              "(the lock pins another file of the same package)", file=sys.stderr)
+    return replace(opts, skip_wheels=skip) if skip else opts
+
+
 def _fetch_conda(lock, folder: Path, opts: BuildOptions, steps: list[dict], paths: list[Path]) -> None:
     """The locked conda packages into FOLDER/conda-pkgs/, each sha256 checked against the lock (the
     build's conda step bind-mounts that folder and installs from it offline)."""
@@ -189,7 +203,11 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
     from .slurm.options import apply_job_options
     from .spec.presets import load_spec_arg
 
-    spec = apply_job_options(load_spec_arg(req.spec, quiet=req.opts.quiet), site=req.site, runtime=req.runtime, sweep=list(req.sweep))
+    from .config import load_config
+
+    cfg = load_config()         # the site profile and runtime a site or user set once (docs/config.md)
+    spec = apply_job_options(load_spec_arg(req.spec, quiet=req.opts.quiet), site=req.site or cfg.get("site"),
+                             runtime=req.runtime or cfg.get("runtime"), sweep=list(req.sweep))
     _check_sif_request(req)
     _check_engine_file(req, spec.targets)
     from .engines import check_push
@@ -234,10 +252,11 @@ def build(req: BuildRequest, on_written: Callable[[Path, list[str], list], None]
         if stack.lock is not None and stack.lock.conda_packages():
             _fetch_conda(stack.lock, folder, opts, steps, paths)
         if req.no_build:
-            if opts.wheelhouse:
+            if opts.wheelhouse and opts.wheelhouse_given:     # a configured one stays out of the folder
                 _fill_wheelhouse(folder, opts)
             return result
         result["steps"] = steps
+        opts = _without_conflicting_wheels(opts, stack.lock)
         with _step(steps, "build", paths):
             result["image"] = build_image(folder, out, opts)
         if sif_now and engine.oci_archive and "oci-archive" not in (result["image"].get("exports") or {}):

@@ -32,6 +32,15 @@ def run_envbuilder(*args: str, cwd: Path | None = None, env: dict | None = None,
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
+def no_config(folder: Path) -> dict:
+    """Environment for a command that must not see this machine's envbuilder configuration (the set-up
+    writes /etc/envbuilder/config.toml: a wheelhouse, a CA bundle, a registry mirror): an empty site
+    file in its place and no user file (docs/config.md)."""
+    empty = folder / "no-config.toml"
+    empty.write_text("")
+    return {"ENVBUILDER_CONFIG": str(empty), "XDG_CONFIG_HOME": str(folder / "no-xdg")}
+
+
 def run_envbuilder_in_process(*args: str) -> Result:
     """The same command through envbuilder.cli.main in this process, its output captured: for
     tables of `check` cases, where a new interpreter per case (~0.35 s of imports) is most of the

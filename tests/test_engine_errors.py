@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from conftest import RECIPES
+from conftest import RECIPES, no_config
 
 
 def test_no_engine_running_writes_no_unlocked_files_and_names_no_build(cli, tmp_path):
@@ -36,7 +36,7 @@ def test_apptainer_engine_names_the_command_it_would_run(cli, tmp_path):
     out = tmp_path / "out"
     r = cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(out), "--engine", "apptainer",
             "--ca-bundle", "/etc/ssl/certs/ca-certificates.crt",
-            env={"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock"})
+            env={"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock", **no_config(tmp_path)})
     assert r.code == 1
     assert "neither apptainer nor singularity is installed" in r.err
     fakeroot = "" if os.geteuid() == 0 else " --fakeroot"
@@ -133,7 +133,8 @@ def test_the_ca_bundle_the_hosts_pip_trusts_goes_to_the_build_saying_so(cli, tmp
     none of that. The build gets the bundle as --ca-bundle would give it, and says so first."""
     bundle = tmp_path / "proxy-ca.pem"
     bundle.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
-    dead = {"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock", "PIP_CERT": str(bundle)}
+    # no configured ca_bundle (the machine's site config names one; then that one goes to the build)
+    dead = {"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock", "PIP_CERT": str(bundle), **no_config(tmp_path)}
     r = cli("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--out", str(tmp_path / "a"), env=dead)
     assert r.code == 1 and "Traceback" not in r.err, r.err
     assert f"note: this machine's pip trusts {bundle} (PIP_CERT): the build gets it as with --ca-bundle" in r.err

@@ -21,6 +21,7 @@ import pwd
 import shlex
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ from ..errors import CheckFailed, EnvbuilderError
 from ..sif import layout
 from ..render.apptainer import ARCHIVES, archive_commands, archive_name
 from ..render.common import CA_SECRET, NETRC_SECRET, WHEELHOUSE
-from .context import check_inputs
+from .context import check_inputs, pip_index_conf
 from .options import BuildOptions
 from .rootless import check_subids
 
@@ -156,6 +157,10 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
         raise EnvbuilderError("--netrc", f"no such file: {opts.netrc}",
                               "give a netrc file: machine HOST login USER password TOKEN")
     check_base_archives(folder, output.stack, output.stack.spec.base_from)
+    if pip_index_conf(opts.index_url, opts.extra_index_urls) and not opts.quiet:
+        print("warning: the configured pip index (pip_index_url / extra_index_url) is not handed to "
+              "`apptainer build` yet: its %post installs from PyPI and the wheelhouse (docs/config.md)",
+              file=sys.stderr)
     uid = os.geteuid()
     binary = find_binary()
     # a GPU image's %test runs the smoke suite's GPU checks, which fail without a GPU: most login

@@ -34,7 +34,7 @@ from pathlib import Path
 from ..errors import CheckFailed, EnvbuilderError
 from ..output import write_atomic
 from ..render.manifest import image_tag
-from .context import check_inputs, platform_of, stage_context
+from .context import check_inputs, pip_index_conf, platform_of, stage_context
 from .options import BuildOptions
 
 MIN_FREE_GB = {False: 6, True: 30}       # a CPU stack / a CUDA stack: layers + one working copy
@@ -269,7 +269,8 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     for ref in _bases(dockerfile):
         ensure_base(engine, ref, locked_bases.get(ref))
     tag = opts.tag or image_tag(stack)
-    context = stage_context(folder, output.files, opts.wheelhouse)
+    context = stage_context(folder, output.files, opts.wheelhouse, pip_index_conf(opts.index_url, opts.extra_index_urls),
+                            opts.skip_wheels)
     log_path = folder / "build.log"
     try:
         with open(log_path, "w", encoding="utf-8") as log:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import configparser
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import EnvbuilderError
+from ..config import DEFAULT_INDEX
+from ..render.common import PIP_INDEX_CONF
 
 
 def check_inputs(ca_bundle: str | None, wheelhouse: str | None) -> None:
@@ -63,7 +66,40 @@ def host_pip_ca_bundle(env: Mapping[str, str] | None = None) -> tuple[str, str] 
     return None
 
 
-def stage_context(folder: Path, files: dict[str, bytes], wheelhouse: str | None) -> Path:
+def pip_index_conf(index_url: str | None, extra_index_urls: tuple[str, ...] | list[str] = ()) -> str | None:
+    """The pip configuration the build's pip reads for the site's index (render/common.py
+    network_setup), or None when the index is PyPI's and there is no other."""
+    if (not index_url or index_url.rstrip("/") == DEFAULT_INDEX) and not extra_index_urls:
+        return None
+    lines = ["# written by envbuilder for this build: the index the lock resolved against (docs/config.md)",
+             "[global]"]
+    if index_url:
+        lines.append(f"index-url = {index_url}")
+    if extra_index_urls:
+        lines.append("extra-index-url = " + " ".join(extra_index_urls))
+    return "\n".join(lines) + "\n"
+
+
+def _project(wheel_name: str) -> str:
+    return re.sub(r"[-_.]+", "-", wheel_name.split("-", 1)[0]).lower()
+
+
+def conflicting_wheels(wheelhouse: Path, locked: list[dict]) -> tuple[str, ...]:
+    """The wheelhouse's wheels of a locked package that are not the locked file (a CPU torch beside
+    a lock of PyPI's CUDA torch): pip would take them over the index's file (PEP 440 lets
+    `torch==2.13.0` match `2.13.0+cpu`) and then fail the lock's hash, so the build leaves them out."""
+    files = {_project(e["file"]): e["file"] for e in locked if e.get("file")}
+    try:
+        found = sorted(p.name for p in wheelhouse.iterdir() if p.suffix == ".whl")
+    except OSError:
+        return ()
+    return tuple(w for w in found if _project(w) in files and w != files[_project(w)])
+
+
+def stage_context(folder: Path, files: dict[str, bytes], wheelhouse: str | None, pip_conf: str | None = None,
+                  skip: tuple[str, ...] = ()) -> Path:
+    """``pip_conf``: pip_index_conf's text, written beside the wheels (bound at /wheelhouse, in no
+    layer); ``skip``: the wheelhouse's files left out (conflicting_wheels)."""
     root = Path(tempfile.mkdtemp(prefix="envbuilder-context-"))
     for name, data in files.items():
         path = root / name
@@ -72,7 +108,9 @@ def stage_context(folder: Path, files: dict[str, bytes], wheelhouse: str | None)
     wh = root / "wheelhouse"
     wh.mkdir(exist_ok=True)
     if wheelhouse:
-        link_wheels(Path(wheelhouse), wh)
+        link_wheels(Path(wheelhouse), wh, skip)
+    if pip_conf:
+        (wh / PIP_INDEX_CONF).write_text(pip_conf)
     conda = folder / "conda-pkgs"          # the locked conda packages, fetched by the pipeline
     if conda.is_dir() and not conda.is_symlink():
         (root / "conda-pkgs").mkdir(exist_ok=True)
@@ -85,14 +123,14 @@ def stage_context(folder: Path, files: dict[str, bytes], wheelhouse: str | None)
     return root
 
 
-def link_wheels(wheelhouse: Path, dest: Path) -> list[str]:
+def link_wheels(wheelhouse: Path, dest: Path, skip: tuple[str, ...] = ()) -> list[str]:
     """The wheelhouse's wheels and source archives into DEST (hard links where the file system
     allows, else copies; links inside the wheelhouse are not followed), leaving a file DEST already
     has; returns the names added."""
     added = []
     for wheel in sorted(wheelhouse.iterdir()):
         target = dest / wheel.name
-        if wheel.is_symlink() or not wheel.is_file() or wheel.suffix not in (".whl", ".gz", ".zip") \
+        if wheel.name in skip or wheel.is_symlink() or not wheel.is_file() or wheel.suffix not in (".whl", ".gz", ".zip") \
                 or target.exists() or target.is_symlink():
             continue
         try:

@@ -16,7 +16,7 @@ from ..errors import CheckFailed, EnvbuilderError
 from ..output import write_atomic
 from ..render.manifest import image_tag
 from .buildlog import certificate_failure, explain_build_failure
-from .context import check_inputs, platform_of, stage_context
+from .context import check_inputs, pip_index_conf, platform_of, stage_context
 from .options import BuildOptions
 
 MIN_API = (1, 40)            # Docker 19.03: BuildKit secrets and RUN --mount
@@ -151,7 +151,8 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     _check_engine(client, "cpu" if stack.spec.cuda is None else "cuda-pypi" if stack.pypi_cuda else "cuda")
     cli = buildkit_cli()
     tag = opts.tag or image_tag(output.stack)
-    context = stage_context(folder, output.files, wheelhouse)
+    context = stage_context(folder, output.files, wheelhouse, pip_index_conf(opts.index_url, opts.extra_index_urls),
+                            opts.skip_wheels)
     log_path = folder / "build.log"
     cmd = docker_build_command(cli, context, tag, ca, netrc, platform=platform_of(output.stack))
     quiet = opts.quiet

@@ -46,12 +46,18 @@ SOLVER = Path(__file__).with_name("rattler_solve.py")
 
 
 def channels(spec_channels: list[str] | tuple[str, ...] = ()) -> list[str]:
-    """The channels to solve against: the site's ENVBUILDER_CONDA_CHANNEL (comma-separated: its
+    """The channels to solve against: the site's conda_channel (config.py: ENVBUILDER_CONDA_CHANNEL or
+    a config file; comma-separated: its
     mirror), else the spec's packages.conda_channels, else conda-forge; each checked (bad input: one
     message, exit 2)."""
-    env = [c.strip() for c in os.environ.get("ENVBUILDER_CONDA_CHANNEL", "").split(",") if c.strip()]
-    if env:
-        return [check_channel(c, "ENVBUILDER_CONDA_CHANNEL") for c in env]
+    from ..config import env_name, load_config
+
+    cfg = load_config()
+    site = cfg.list("conda_channel")
+    if site:
+        origin = cfg.origin("conda_channel")
+        where = env_name("conda_channel") if origin.startswith("environment") else f"conda_channel ({origin})"
+        return [check_channel(c, where) for c in site]
     return [check_channel(c, "packages.conda_channels") for c in spec_channels] or [DEFAULT_CHANNEL]
 
 

@@ -78,7 +78,7 @@ def pip_version() -> str:
 
 
 def _cert(ca_bundle: str | None) -> str | None:
-    for c in (ca_bundle, os.environ.get("ENVBUILDER_CA_BUNDLE"), os.environ.get("PIP_CERT"),
+    for c in (ca_bundle, os.environ.get("PIP_CERT"),
               os.environ.get("REQUESTS_CA_BUNDLE"), os.environ.get("SSL_CERT_FILE")):
         if c and Path(c).is_file():
             return c
@@ -316,7 +316,7 @@ def _resolve(groups: dict[str, list[str]], tgt: dict, *, index_url: str | None =
         if constraints:
             cfile = Path(tmp) / "constraints.txt"
             cfile.write_text("".join(f"{n}=={v}\n" for n, v in sorted(constraints.items())))
-        options: dict[str, Any] = dict(index_url=index_url or os.environ.get("ENVBUILDER_PIP_INDEX_URL") or DEFAULT_INDEX,
+        options: dict[str, Any] = dict(index_url=index_url or DEFAULT_INDEX,
                                        extra_index_urls=extra_index_urls or [], find_links=find_links,
                                        cert=_cert(ca_bundle), constraints=cfile)
         cmd = pip_command(reqs, tgt, report, **options)

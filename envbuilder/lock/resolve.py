@@ -100,12 +100,14 @@ def _targets(update: list[str], lock: Lock | None) -> dict[str, set]:
 def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, update: list[str] | None = None,
                  wheelhouse: str | None = None, ca_bundle: str | None = None,
                  conda_lockfile: str | None = None, progress=None,
-                 sources: list[dict] | None = None, prefer: dict[str, str] | None = None) -> Lock:
+                 sources: list[dict] | None = None, prefer: dict[str, str] | None = None,
+                 index_url: str | None = None, extra_index_urls: list[str] | None = None) -> Lock:
     """A complete lock for ``stack`` needing ``want``; kinds unchanged since ``previous`` keep their
     entries. ``client(why)`` gives a container engine (lock/engine.py: Docker, podman or buildah),
     called only when a kind needs one; the lock records which one (``resolvers.engine``);
     ``sources``: the source tarballs the components want (needs.source_tarballs); ``prefer``: versions
-    pip keeps when they fit (the bootstrap tools' usual pins, needs.bootstrap_prefer)."""
+    pip keeps when they fit (the bootstrap tools' usual pins, needs.bootstrap_prefer); ``index_url``,
+    ``extra_index_urls``: the site's pip index and more (config.py; None: PyPI), before the spec's."""
     say = progress or (lambda msg: None)
     make_client = client
     targets = _targets(update or [], previous)
@@ -198,7 +200,9 @@ def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, upd
             say(f"pip: {sum(len(g) for g in wp['groups'].values())} requirements for Python {tgt['python']}, "
                 f"glibc {tgt['glibc']}, {tgt['markers']['platform_machine']}")
             lock.pip = pip_.resolve(wp["groups"], tgt, prefer=prefer, prefer_earlier=prefer_earlier,
-                                    extra_index_urls=wp["extra_index_urls"],
+                                    index_url=index_url,
+                                    extra_index_urls=list(extra_index_urls or []) + [
+                                        u for u in wp["extra_index_urls"] if u not in (extra_index_urls or [])],
                                     find_links=wheelhouse, ca_bundle=ca_bundle)
             _refuse_cuda_torch_on_cpu(stack, lock.pip)
         lock.resolvers["pip"] = pip_.pip_version()

@@ -21,8 +21,10 @@ CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 BUILDER_UID = 1000          # the user of .ci/install-apptainer.sh's image
 
 
-def in_apptainer_node(mounts: list[str], *command: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    argv = [str(APPTAINER_NODE)]
+def in_apptainer_node(mounts: list[str], *command: str, timeout: int = 600,
+                      flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """COMMAND where the real Apptainer is; FLAGS: tools/apptainer-node's own (--host-network, --no-docker)."""
+    argv = [str(APPTAINER_NODE), *flags]
     for m in mounts:
         argv += ["-v", m]
     return subprocess.run([*argv, "--", *command], capture_output=True, text=True, timeout=timeout)
@@ -48,8 +50,11 @@ def apptainer_build(recipe: Path, lock: Path, work: Path, *extra: str) -> tuple[
     if "--wheelhouse" in extra:
         mounts.append(extra[list(extra).index("--wheelhouse") + 1])
     t0 = time.time()
+    # a login node with Apptainer alone: no Docker socket; the base (Bootstrap: docker, by the locked
+    # digest) comes from the registry, here the set-up's Docker Hub mirror on this machine's loopback
     b = in_apptainer_node(mounts, "python", "-m", "envbuilder", "build", str(recipe), "--out", str(out),
-                          "--engine", "apptainer", "--ca-bundle", CA_BUNDLE, *extra, timeout=3600)
+                          "--engine", "apptainer", "--ca-bundle", CA_BUNDLE, *extra, timeout=3600,
+                          flags=("--host-network", "--no-docker"))
     return out, b, time.time() - t0
 
 

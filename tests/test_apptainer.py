@@ -43,10 +43,11 @@ def built(tmp_path_factory):
     # the command the definition file's header prints for it, run where the image is
     probe = run_envbuilder("build", str(spec), "--no-build", "--out", str(out))
     assert probe.code == 0, probe.err
-    save = re.search(r"^#   (docker save \S+ -o (\S+))$", (out / "Apptainer.def").read_text(), re.M)
-    assert save and save.group(2) == "bases/local_debian_bookworm-slim.docker.tar", save
+    save = re.search(r"^#   docker save (\S+) -o (\S+)$", (out / "Apptainer.def").read_text(), re.M)
+    assert save and save.group(1).startswith("debian:bookworm-slim@sha256:"), save    # the locked image
+    assert save.group(2) == "bases/debian_bookworm-slim.docker.tar", save
     (out / "bases").mkdir()
-    subprocess.run([docker_cli(), "save", base_image(), "-o", str(out / save.group(2))], check=True)
+    subprocess.run([docker_cli(), "save", save.group(1), "-o", str(out / save.group(2))], check=True)
     own = work / "own" / "cpu-torch-ddp"     # the same lock, for the Dockerfile's image and envbuilder's .sif
     own.mkdir(parents=True)
     shutil.copy(out / "envbuilder.lock", own / "envbuilder.lock")

@@ -231,7 +231,7 @@ def test_horovod_on_a_gcc13_base_gets_the_include_fix_and_bookworm_keeps_its_cac
     after any CXXFLAGS of its own), in the Dockerfile and the definition file alike; on Debian 12
     (g++ 12.2) the step is unchanged, so its build cache still holds."""
     text = (RECIPES / "cpu-torch-horovod.yaml").read_text()
-    for old, new in (("base: local/debian:bookworm-slim", "base: ubuntu:24.04"), ('python: "3.11"', 'python: "3.12"'),
+    for old, new in (("base: debian:bookworm-slim", "base: ubuntu:24.04"), ('python: "3.11"', 'python: "3.12"'),
                      ('version: "4.1.4", pmi', 'version: "4.1.6", pmi')):
         assert old in text
         text = text.replace(old, new)

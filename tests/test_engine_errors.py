@@ -209,7 +209,9 @@ def test_no_build_with_a_wheelhouse_leaves_the_wheels_where_the_header_says(cli,
 
 def _spec_reading_bases_from(tmp_path: Path, base_from: str) -> Path:
     spec = tmp_path / "spec.yaml"
-    spec.write_text((RECIPES / "cpu-torch-ddp.yaml").read_text() + f"base_from: {base_from}\n")
+    # a site's own image, made where the image is (what archives are for; the presets name public ones)
+    spec.write_text((RECIPES / "cpu-torch-ddp.yaml").read_text().replace(
+        "base: debian:bookworm-slim", "base: local/debian:bookworm-slim") + f"base_from: {base_from}\n")
     return spec
 
 

@@ -323,17 +323,36 @@ def test_the_spec_says_where_apptainer_reads_the_bases(tmp_path, base_from, boot
     from envbuilder.generate import generate
     from envbuilder.spec.model import load_spec
 
-    spec = tmp_path / "spec.yaml"
-    text = (RECIPES / "cpu-torch-ddp.yaml").read_text()
+    spec, local = tmp_path / "spec.yaml", tmp_path / "local.yaml"
+    # a site's own image, made where the build runs (the presets name public images)
+    text = (RECIPES / "cpu-torch-ddp.yaml").read_text().replace("base: debian:bookworm-slim",
+                                                                "base: local/debian:bookworm-slim")
     spec.write_text(text + (f"base_from: {base_from}\n" if base_from else ""))
+    local.write_text(text)
     files = generate(load_spec(spec)).files
-    plain = generate(load_spec(RECIPES / "cpu-torch-ddp.yaml")).files
+    plain = generate(load_spec(local)).files
     definition = files["Apptainer.def"].decode()
     assert re.findall(r"^Bootstrap: (\S+)\nFrom: (\S+)$", definition, re.M) == [(bootstrap, source)] * 2
     assert (header in definition) if header else "Bases from archives" not in definition
     assert b"bases/" not in files["Dockerfile"] and b"FROM local/debian:bookworm-slim AS devel" in files["Dockerfile"]
     if base_from in (None, "auto"):
         assert files == plain
+
+
+def test_no_preset_names_a_base_only_this_machine_has():
+    """Every preset names a public image (Docker Hub, NVIDIA, NGC): the same file builds here (through
+    the set-up's mirror) and on a user's machine, and its definition file pulls the base from the
+    registry (Bootstrap: docker), as a login node with Apptainer alone can."""
+    import yaml
+
+    local = [p.name for p in PRESETS if "local/" in p.read_text()]
+    assert local == [], f"presets naming a local/ image: {local}"
+    for preset in PRESETS:
+        data = yaml.safe_load(preset.read_text())
+        definition = (RECIPES.parent / "images" / data["name"] / "Apptainer.def").read_text()
+        froms = re.findall(r"^Bootstrap: (\S+)\nFrom: (\S+)$", definition, re.M)
+        assert froms and froms[0][0] == "docker" and froms[0][1] == data.get("base", froms[0][1]), (preset.name, froms)
+        assert not froms[0][1].startswith("local/"), (preset.name, froms)
 
 
 def test_with_a_lock_the_spec_packages_are_a_runtime_layer_after_the_venv_and_come_first_on_sys_path():

@@ -188,8 +188,8 @@ def test_the_spec_hash_of_existing_specs_is_unchanged_by_the_new_keys(tmp_path):
     from envbuilder.spec.model import load_spec
 
     old = tmp_path / "cpu-torch-horovod.yaml"
-    old.write_text((RECIPES / "cpu-torch-horovod.yaml").read_text().replace("local/debian:bookworm-slim",
-                                                                    "local/debian:bookworm"))
+    old.write_text((RECIPES / "cpu-torch-horovod.yaml").read_text().replace("base: debian:bookworm-slim",
+                                                                    "base: local/debian:bookworm"))
     assert load_spec(old).sha256().startswith("141fef067edc")
 
 

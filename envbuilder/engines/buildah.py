@@ -139,11 +139,18 @@ def source_date_epoch(lock) -> int:
 # --- the base image -------------------------------------------------------------------------------
 
 def ensure_base(engine: OciEngine, ref: str, want: str | None) -> str:
-    """Make ``ref`` present in the engine's storage: already there, or copied from the Docker engine
+    """Make ``ref`` present in the engine's storage: already there; a base pinned by digest
+    (``name@sha256:...``: the lock's registry image) pulled from its registry, through the mirrors
+    of registries.conf as any containers/image pull; or copied from the Docker engine
     (``docker-daemon:``). Where the lock names a local image ID, the copy must be that image.
-    Registries are not asked: with ``--pull=false`` a build never reaches out for its base."""
+    The build itself runs with ``--pull=false``: it never reaches out for its base."""
     have = engine.image_id(ref)
     tried = [f"{engine.name} storage ({engine.graph_root()})"]
+    if have is None and "@sha256:" in ref:
+        proc = engine.run("pull", "--quiet", ref, check=False, timeout=900)
+        tried.append("its registry (or the registries.conf mirror)")
+        if proc.returncode == 0:
+            have = engine.image_id(ref)
     if have is None:
         proc = engine.run("pull", "--quiet", f"docker-daemon:{ref}", check=False, timeout=900)
         tried.append("the Docker engine (docker-daemon:)")

@@ -255,8 +255,11 @@ def check_entries(lock: Lock) -> None:
             raise _err(p, where, f"digest {b['digest']!r} is not sha256:<64 hex digits>")
         if not IMAGE_REF_RE.fullmatch(b["ref"]) or not IMAGE_REF_RE.fullmatch(str(b.get("pinned", b["ref"]))):
             raise _err(p, where, f"reference {b['ref'][:80]!r} is not an image reference")
-        if b.get("kind") == "repo-digest" and b.get("pinned") != f"{b['ref'].split('@')[0]}@{b['digest']}":
-            raise _err(p, where, f"pinned reference {b.get('pinned')!r} does not carry its digest {b['digest']}")
+        pinned_digest = b.get("manifest_digest") or b["digest"]
+        if b.get("manifest_digest") is not None and not DIGEST_RE.fullmatch(str(b["manifest_digest"])):
+            raise _err(p, where, f"manifest_digest {b['manifest_digest']!r} is not sha256:<64 hex digits>")
+        if b.get("kind") == "repo-digest" and b.get("pinned") != f"{b['ref'].split('@')[0]}@{pinned_digest}":
+            raise _err(p, where, f"pinned reference {b.get('pinned')!r} does not carry its digest {pinned_digest}")
     for stage, entries in lock.apt.items():
         if not isinstance(entries, list):
             raise _err(p, f"apt.{stage}", "is not a list")

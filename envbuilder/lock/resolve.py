@@ -132,9 +132,9 @@ def resolve_lock(stack, want: dict, *, client, previous: Lock | None = None, upd
                 lock.base[stage] = previous.base[stage]
             else:
                 say(f"base.{stage}: {ref}")
-                base_.check_architecture(ref, client, stack.catalog.arch(stack.spec.target_arch)["docker"]
-                                         .split("/")[-1])
-                lock.base[stage] = base_.resolve_base(ref, client)
+                platform = stack.catalog.arch(stack.spec.target_arch)["docker"]
+                base_.check_architecture(ref, client, platform.split("/")[-1])
+                lock.base[stage] = base_.resolve_base(ref, client, platform)
         _record_engine(lock, client)
 
     # OS packages, in each stage's locked base image

@@ -69,7 +69,10 @@ INPUTS = _obj({
 }, required=("base", "apt", "sources", "pip", "conda"))
 
 BASE_ENTRY = _obj({"ref": IMAGE_REF, "digest": DIGEST, "pinned": IMAGE_REF,
-                   "kind": {"enum": ["repo-digest", "image-id"], "description": "repo-digest or image-id"}},
+                   "kind": {"enum": ["repo-digest", "image-id"], "description": "repo-digest or image-id"},
+                   # a multi-arch base: `digest` is the index's, this the spec's platform's manifest
+                   "manifest_digest": DIGEST,
+                   "platform": _s(r"[a-z0-9]{1,16}/[a-z0-9]{1,16}(/[a-z0-9]{1,8})?", "os/arch: the catalog's Docker platform of the spec's arch")},
                   required=("ref", "digest", "kind", "pinned"))
 APT_ENTRY = _obj({"name": NAME_S, "version": VERSION_S, "arch": _s(r"[a-z0-9-]{1,32}", "a Debian architecture"),
                   "sha256": {"type": ["string", "null"], "pattern": SHA256, "description": "64 hex digits or null"},

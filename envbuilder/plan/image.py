@@ -60,6 +60,8 @@ class Plan:
                                                     # expect, the smoke suite checks it)
     horovod_patches: tuple[str, ...] = ()           # the catalog's source fixes applied to Horovod
     base_from: str = "auto"                         # how Apptainer.def's build reads the bases (spec)
+    platform: str | None = None                     # Docker's platform of a non-x86_64 image (catalog
+                                                    # arches): FROM --platform= takes that image of a base
 
     @property
     def final(self) -> Stage:

@@ -18,8 +18,9 @@ BASES_FOLDER = "bases"
 
 
 def archive_name(ref: str, kind: str) -> str:
-    """The file, relative to the output folder, that holds the base REF for BOOTSTRAP kind."""
-    return f"{BASES_FOLDER}/{re.sub(r'[^A-Za-z0-9._-]+', '_', ref)}{ARCHIVES[kind]}"
+    """The file, relative to the output folder, that holds the base REF for BOOTSTRAP kind (named
+    after the image's name: a locked ref@sha256:... and its tag write the same file)."""
+    return f"{BASES_FOLDER}/{re.sub(r'[^A-Za-z0-9._-]+', '_', ref.split('@', 1)[0])}{ARCHIVES[kind]}"
 
 
 def base_source(ref: str, base_from: str) -> tuple[str, str]:

@@ -59,6 +59,9 @@ def render_dockerfile(plan: Plan, spec_sha: str) -> str:
         "Local wheels (offline sites) go in ./wheelhouse/; they are bind-mounted, never copied into a layer.",
     ])
     multi = len(plan.stages) > 1
+    # another architecture than x86_64: BuildKit takes a multi-arch base's (or a pulled platform
+    # manifest's) image for that platform, where it would otherwise want the build machine's own
+    platform = f"--platform={plan.platform} " if plan.platform else ""
     n = 0
     for stage in plan.stages:
         last = stage is plan.final
@@ -72,7 +75,9 @@ def render_dockerfile(plan: Plan, spec_sha: str) -> str:
         role = stage.role or (("compilers and headers; only its results are copied on" if not last
                                else "what runs: no compilers, no build caches") if multi else "single stage")
         out.append(f"# ---- stage {n}: {stage.name} ({role}) " + "-" * 10)
-        out.append(f"FROM {image_ref(stage.base)} AS {stage.name}")
+        if platform:     # the spec's arch, on purpose: the image is for another machine than this one
+            out.append("# hadolint ignore=DL3029")
+        out.append(f"FROM {platform}{image_ref(stage.base)} AS {stage.name}")
         out.append(SHELL)
         for item in stage.items:
             out.append("")

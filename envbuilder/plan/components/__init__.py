@@ -79,7 +79,8 @@ def assemble(stack: Stack) -> Plan:
     return Plan(name=spec.name, stages=stages, env=env, labels=smoke.labels(stack),
                 help=smoke.help_text(stack), runscript=["python"], test=smoke.test_command(stack),
                 literal_env=frozenset(k for k, _ in spec.env), env_notes=notes, expect=expect(stack),
-                horovod_patches=tuple(name for name, _ in horovod.patches(stack)), base_from=spec.base_from)
+                horovod_patches=tuple(name for name, _ in horovod.patches(stack)), base_from=spec.base_from,
+                platform=None if spec.target_arch == "x86_64" else stack.catalog.arch(spec.target_arch)["docker"])
 
 
 # manifest.json's expect keys in the order manifests have always had them (older manifests stay

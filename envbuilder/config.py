@@ -56,7 +56,7 @@ KEYS: dict[str, Key] = {
     "pip_index_url": Key("url", "the pip index the lock resolves against and the build's pip "
                          "installs from (a site's PyPI mirror)", '"https://pypi.example.org/simple"', DEFAULT_INDEX),
     "extra_index_url": Key("urls", "more pip indexes, after pip_index_url (a string, or a list of URLs)",
-                           '["https://download.pytorch.org/whl/cpu"]'),
+                           '["https://pypi.example.org/extra/simple"]'),
     "netrc": Key("file", "netrc file with a private index's login (machine HOST login USER password "
                  "TOKEN); a build secret like ca_bundle (--netrc)", '"~/.netrc"'),
     "registry_mirror": Key("mirror", "a pull-through mirror standing for Docker Hub, as dockerd's "

@@ -172,7 +172,7 @@ def resolve_base(ref: str, engine=None, platform: str | None = None) -> dict:
             raise
         return {"ref": ref, "digest": held[0], "kind": "repo-digest", "pinned": f"{name}@{held[0]}"}
     entry = {"ref": ref, "digest": digest, "kind": "repo-digest", "pinned": f"{name}@{manifest or digest}"}
-    if manifest:
+    if manifest and platform:       # a manifest is picked from an index only for a platform
         entry.update(manifest_digest=manifest, platform=platform)
     return entry
 

@@ -2,11 +2,13 @@
 from the checkout's tracked files, the wheel installed into a fresh venv outside the clone (and
 by `pipx install`), then run in an empty folder with PATH=/usr/sbin:/usr/bin:/sbin:/bin and an
 empty HOME, nothing else: the presets and site profiles it ships, a preset built by name, the
-messages of a name that is no preset. No image is built here (docs/install.md)."""
+messages of a name that is no preset, and the README's main job: a CPU preset built by name through
+the machine's registry mirror and verified with 2 ranks (docs/install.md)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -190,3 +192,37 @@ def test_pipx_install(dist, tmp_path, user):
     assert r.returncode == 0, r.stderr
     assert sorted(row["name"] for row in json.loads(r.stdout)) == PRESETS
     assert user(tmp_path / "pipx-bin", "--version").stdout.strip() == f"envbuilder {__version__}"
+
+
+def test_a_preset_built_by_name_through_the_mirror_and_verified_with_two_ranks(installed, user):
+    """The README's main job, from the installed wheel with a bare PATH and an empty HOME: a CPU
+    preset built by name on Docker, its public base (debian:bookworm-slim) pulled through the
+    registry mirror the machine's site config names (/etc/envbuilder/config.toml, with the
+    wheelhouse and the CA bundle: .ci/mirror-bases.sh), then verified with 2 ranks."""
+    infra.require_docker()
+    tag = "envbuilder-test/install-ddp:1"           # its own tag: other modules build cpu-torch-ddp's
+    try:
+        r = user(installed, "build", "cpu-torch-ddp", "--tag", tag, timeout=2400)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert "using preset cpu-torch-ddp" in r.stderr
+        folder = user.cwd / "images" / "cpu-torch-ddp"
+        lock = json.loads((folder / "envbuilder.lock").read_text())
+        base = lock["base"]["runtime"]
+        assert base["ref"] == "debian:bookworm-slim" and base["kind"] == "repo-digest", base
+        assert base["pinned"] == f"debian:bookworm-slim@{base['manifest_digest']}", base
+        assert lock["generated_by"] == f"envbuilder {__version__}"
+        v = user(installed, "verify", str(folder), "--ranks", "2", timeout=900)
+        assert v.returncode == 0, v.stdout[-3000:] + v.stderr[-3000:]
+        assert re.search(rf"^OK: cpu-torch-ddp \(docker {re.escape(tag)}\): \d+ passed, 0 failed", v.stdout, re.M), v.stdout
+    finally:
+        subprocess.run([infra.docker_cli(), "rmi", "-f", tag], capture_output=True)
+
+
+def test_doctor_from_the_installed_wheel_reports_this_machines_engines_and_slurm(installed, user):
+    infra.require_docker()
+    infra.require_slurm()
+    r = user(installed, "doctor", "--json", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert checks["docker"]["status"] == "ok" and checks["slurm"]["status"] == "ok", checks
+    assert checks["registry"]["status"] == "ok", checks["registry"]

@@ -204,7 +204,9 @@ class Charliecloud(Runtime):
     hint = "convert it with: ch-convert -i docker envbuilder/NAME:TAG DIR"
 
     def default_image(self, manifest, folder, cwd):
-        return default_tag(manifest)        # converted from the docker image
+        from .docker import built_tag
+
+        return built_tag(folder) or default_tag(manifest)        # converted from the docker image
 
     def command(self, t, opts, suite, ch_directory: str | None = None, ch_manifest: bool = False):
         # ch-run binds nothing by default: the folder's manifest is copied into the directory

@@ -84,7 +84,9 @@ class Docker(Runtime):
     identifies_images = True
 
     def default_image(self, manifest, folder, cwd):
-        return default_tag(manifest)
+        """The image the folder's own build made (its image.json: a build with --tag, or by buildah
+        handed to Docker), else the spec's default tag."""
+        return built_tag(folder) or default_tag(manifest)
 
     def image_id(self, image):
         proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", image],
@@ -112,3 +114,26 @@ class Docker(Runtime):
         finally:
             if _container_exists(docker, name):
                 kill()
+
+
+def built_tag(folder: Path | None) -> str | None:
+    """The Docker tag <folder>/image.json records (written by `envbuilder build`), when it is one
+    Docker holds: a file of at most 64 KiB holding an image reference; anything else: None."""
+    import json
+
+    from ..quoting import IMAGE_REF_RE
+
+    path = folder / "image.json" if folder else None
+    if path is None or not path.is_file() or path.is_symlink() or path.stat().st_size > 65536:
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError):
+        return None
+    tag = data.get("tag") if isinstance(data, dict) else None
+    if not isinstance(tag, str) or len(tag) > 512 or not IMAGE_REF_RE.fullmatch(tag):
+        return None
+    if data.get("engine") != "docker" and not data.get("docker_id"):
+        return None         # a buildah/podman image not handed to Docker
+    return tag
+

@@ -32,7 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
-PRESETS = ["cpu-torch", "cpu-torch-ddp", "cpu-tf", "cpu-tf-multiworker", "cpu-intel-tf-debian"]
+PRESETS = ["cpu-torch-horovod", "cpu-torch-ddp", "cpu-tf-horovod", "cpu-tf-multiworker", "intel-tf-cpu-debian"]
 BASES = {"full": "local/debian:bookworm", "slim": "local/debian:bookworm-slim"}
 GOAL = 1.10
 

@@ -73,6 +73,8 @@ def _build_args(p):
     p.add_argument("--export", action="append", choices=["docker", "oci-archive", "docker-archive"],
                    help="buildah/podman: also hand the image to Docker, or write <out>/image.oci.tar "
                         "or image.docker.tar (apptainer build x.sif oci-archive://...); repeatable")
+    p.add_argument("--no-cache", action="store_true",
+                   help="build every step anew, none from the engine's build cache (buildah/podman always do)")
     p.add_argument("--check-reproducible", action="store_true",
                    help="buildah/podman: build twice without cache, print both digests and what differs")
     p.add_argument("--ca-bundle", help="CA bundle the build trusts (TLS-intercepting proxies); never stored in the image")

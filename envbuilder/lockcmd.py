@@ -58,6 +58,7 @@ def build_options(args) -> BuildOptions:
         index_url=cfg.get("pip_index_url"), extra_index_urls=tuple(cfg.list("extra_index_url")),
         exports=tuple(getattr(args, "export", None) or ()),
         check_reproducible=bool(getattr(args, "check_reproducible", False)),
+        no_cache=bool(getattr(args, "no_cache", False)),
         conda_lockfile=getattr(args, "conda_lockfile", None), quiet=bool(getattr(args, "json", False)),
         force=bool(getattr(args, "force", False)), push=getattr(args, "push", None))
 

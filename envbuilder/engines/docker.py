@@ -87,8 +87,10 @@ def buildkit_cli() -> list[str]:
 
 
 def docker_build_command(cli: list[str], context: Path, tag: str, ca_bundle: str | None,
-                         netrc: str | None = None, platform: str | None = None) -> list[str]:
+                         netrc: str | None = None, platform: str | None = None, no_cache: bool = False) -> list[str]:
     cmd = list(cli) + ["--progress=plain", "--tag", tag]
+    if no_cache:
+        cmd.append("--no-cache")
     if platform:
         # an aarch64 image: on an x86_64 machine this needs QEMU binfmt
         cmd += ["--platform", platform]
@@ -154,7 +156,7 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     context = stage_context(folder, output.files, wheelhouse, pip_index_conf(opts.index_url, opts.extra_index_urls),
                             opts.skip_wheels)
     log_path = folder / "build.log"
-    cmd = docker_build_command(cli, context, tag, ca, netrc, platform=platform_of(output.stack))
+    cmd = docker_build_command(cli, context, tag, ca, netrc, platform=platform_of(output.stack), no_cache=opts.no_cache)
     quiet = opts.quiet
     env = dict(os.environ, DOCKER_BUILDKIT="1")
     started = time.monotonic()

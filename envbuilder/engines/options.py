@@ -19,6 +19,7 @@ class BuildOptions:
     extra_index_urls: tuple[str, ...] = ()   # more indexes (config extra_index_url)
     exports: tuple[str, ...] = ()            # buildah/podman: any of engines.buildah.EXPORTS
     check_reproducible: bool = False         # buildah/podman: build twice, compare digests
+    no_cache: bool = False                   # --no-cache: Docker builds every step anew (buildah always does)
     conda_lockfile: str | None = None        # the lock step: a conda-lock file instead of resolving
     quiet: bool = False                      # --json: no progress lines
     force: bool = False                      # --force: replace files envbuilder did not write

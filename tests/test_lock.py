@@ -366,9 +366,10 @@ def test_conda_without_a_lock_renders_a_step_that_says_so(cli, tmp_path):
 # --- base images: the registry API (a registry of our own on 127.0.0.1) ---------------------------
 
 def test_a_tag_resolves_to_the_registry_digest_with_an_anonymous_token():
-    """The Registry HTTP API v2 flow envbuilder uses when the engine does not hold the image:
-    HEAD the manifest, get 401 + a Bearer challenge, fetch an anonymous token, HEAD again and read
-    Docker-Content-Digest. No registry is reachable from here, so a minimal one runs on loopback."""
+    """The Registry HTTP API v2 flow envbuilder uses when the engine does not hold the image: GET
+    the manifest, get 401 + a Bearer challenge, fetch an anonymous token, GET again and read
+    Docker-Content-Digest; from a multi-arch index, the spec's platform's manifest digest. A
+    minimal registry runs on loopback (the set-up's mirror is tests/test_mirror.py's)."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -376,32 +377,41 @@ def test_a_tag_resolves_to_the_registry_digest_with_an_anonymous_token():
     from envbuilder.lock.base import registry_digest, resolve_base, split_reference
 
     digest = "sha256:" + "ab" * 32
+    arm64 = "sha256:" + "cd" * 32
+    index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": [
+        {"digest": "sha256:" + "ef" * 32, "platform": {"os": "linux", "architecture": "amd64"}},
+        {"digest": arm64, "platform": {"os": "linux", "architecture": "arm64", "variant": "v8"}}]}).encode()
     seen = []
 
     class Registry(BaseHTTPRequestHandler):
         def log_message(self, *a):
             pass
 
-        def do_GET(self):           # the token service
-            seen.append(("GET", self.path))
-            body = json.dumps({"token": "t0k"}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_HEAD(self):
-            seen.append(("HEAD", self.path, self.headers.get("Authorization"), self.headers.get("Accept")))
+        def do_GET(self):
+            if self.path.startswith("/token"):          # the token service
+                seen.append(("token", self.path))
+                body = json.dumps({"token": "t0k"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            seen.append(("GET", self.path, self.headers.get("Authorization"), self.headers.get("Accept")))
             if self.headers.get("Authorization") != "Bearer t0k":
                 self.send_response(401)
                 self.send_header("WWW-Authenticate", f'Bearer realm="http://127.0.0.1:{port}/token",'
                                  'service="registry.test",scope="repository:team/cuda:pull"')
+                self.end_headers()
             elif self.path == "/v2/team/cuda/manifests/12.2":
                 self.send_response(200)
                 self.send_header("Docker-Content-Digest", digest)
+                self.send_header("Content-Type", "application/vnd.oci.image.index.v1+json")
+                self.send_header("Content-Length", str(len(index)))
+                self.end_headers()
+                self.wfile.write(index)
             else:
                 self.send_response(404)
-            self.end_headers()
+                self.end_headers()
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
     port = server.server_address[1]
@@ -411,12 +421,18 @@ def test_a_tag_resolves_to_the_registry_digest_with_an_anonymous_token():
         assert split_reference(ref) == (f"127.0.0.1:{port}", "team/cuda", "12.2")
         assert registry_digest(ref) == digest
         assert resolve_base(ref) == {"ref": ref, "digest": digest, "kind": "repo-digest", "pinned": f"{ref}@{digest}"}
-        token = [s for s in seen if s[0] == "GET"][0][1]
+        assert resolve_base(ref, platform="linux/arm64") == {
+            "ref": ref, "digest": digest, "kind": "repo-digest", "pinned": f"{ref}@{arm64}",
+            "manifest_digest": arm64, "platform": "linux/arm64"}
+        with pytest.raises(CheckFailed) as exc:
+            resolve_base(ref, platform="linux/ppc64le")
+        assert "has no linux/ppc64le image (it has: linux/amd64, linux/arm64)" in exc.value.reason
+        token = [s for s in seen if s[0] == "token"][0][1]
         assert "scope=repository%3Ateam%2Fcuda%3Apull" in token and "service=registry.test" in token
         assert "manifest.list.v2+json" in seen[0][3]
         with pytest.raises(CheckFailed) as exc:
             registry_digest(f"127.0.0.1:{port}/team/cuda:99.9")
-        assert "answered 404" in exc.value.reason
+        assert "has no 127.0.0.1" in exc.value.reason and "(404)" in exc.value.reason
     finally:
         server.shutdown()
     with pytest.raises(CheckFailed) as exc:       # nothing listens there any more

@@ -48,7 +48,9 @@ def _docker_archive(dest: Path, env: dict) -> None:
 def test_docker_podman_and_buildah_make_the_same_lock(tmp_path):
     require_docker()
     require_binary("podman", "run .ci/install-system.sh")
-    spec = cpu_torch_spec(tmp_path, "login-lock")
+    # a site's local base, brought to the login node as an archive (the presets' public base is
+    # locked by its registry digest by every engine alike: tests/test_mirror.py)
+    spec = cpu_torch_spec(tmp_path, "login-lock", base=base_image())
     docker_lock, _ = _lock(spec, tmp_path / "docker", "docker")
     env = storage(tmp_path)
     try:

@@ -183,8 +183,9 @@ def check_architecture(ref: str, engine, wanted: str) -> None:
     base resolves amd64 packages whatever the spec says. Unknown (an engine that does not say, an
     image the engine does not hold): not checked."""
     image = engine.image(ref) if engine is not None else None
-    if (image or {}).get("repo_digests"):
-        return      # pulled from a registry: a multi-arch name, whose index the lock asks for the arch's image
+    registry, repo, _ = split_reference(ref)
+    if any(split_reference(rd.partition("@")[0])[:2] == (registry, repo) for rd in (image or {}).get("repo_digests") or []):
+        return      # pulled from its registry: a multi-arch name, whose index the lock asks for the arch's image
     have = (image or {}).get("architecture")
     if have and have != wanted:
         fix = (f"name a multi-arch base from a registry (e.g. debian:bookworm-slim): the lock takes its "

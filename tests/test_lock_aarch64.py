@@ -72,24 +72,6 @@ def test_aarch64_spec_on_an_amd64_base_is_refused(tmp_path):
     assert not (tmp_path / "images").exists()
 
 
-def test_aarch64_lock_on_the_arm64_base(tmp_path):
-    # about 60 s here: apt's simulation runs under qemu
-    if image_arch(ARM64_BASE) != "arm64":
-        pytest.skip(f"needs {ARM64_BASE}: .ci/make-base-image.sh --arch arm64")
-    proc = _lock(tmp_path, ARM64_BASE)
-    assert proc.returncode == 0, proc.stderr
-    lock = json.loads((tmp_path / "images/cpu-tf-aarch64/envbuilder.lock").read_text())
-    arm64_id = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ARM64_BASE],
-                              capture_output=True, text=True).stdout.strip()
-    assert {b["digest"] for b in lock["base"].values()} == {arm64_id}
-    apt_arches = {e["arch"] for entries in lock["apt"].values() for e in entries}
-    assert apt_arches <= {"arm64", "all"} and "arm64" in apt_arches
-    files = [e["file"] for group in lock["pip"].values() for e in group]
-    binary = [f for f in files if not f.endswith("-none-any.whl")]
-    assert binary and all("aarch64" in f for f in binary), files
-    assert "tensorflow-2.16.2-cp311-cp311-manylinux_2_17_aarch64.manylinux2014_aarch64.whl" in files
-
-
 # --- which torch a CPU aarch64 spec gets (catalog aarch64_pypi, torch_pypi_aarch64_2611) -------
 
 def _stack(version: str, **extra):

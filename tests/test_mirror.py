@@ -81,6 +81,13 @@ def test_the_lock_pins_the_index_and_the_platform_manifest_the_registry_serves(a
             "ref": "debian:bookworm-slim", "kind": "repo-digest", "digest": index["index"],
             "manifest_digest": index["linux/arm64"], "platform": "linux/arm64",
             "pinned": f"debian:bookworm-slim@{index['linux/arm64']}"}, lock["base"][stage]
+    # apt ran in that arm64 image (under QEMU) and pip took aarch64 wheels only
+    apt_arches = {e["arch"] for entries in lock["apt"].values() for e in entries}
+    assert apt_arches <= {"arm64", "all"} and "arm64" in apt_arches, apt_arches
+    files = [e["file"] for group in lock["pip"].values() for e in group]
+    binary = [f for f in files if not f.endswith("-none-any.whl")]
+    assert binary and all("aarch64" in f for f in binary), files
+    assert any(f.startswith("torch-2.10.0-") for f in files), files
     # the recipes written from that lock name exactly that image, for that platform
     r = run_envbuilder("build", str(RECIPES / "cpu-torch-ddp-aarch64.yaml"), "--out", str(out), "--no-build")
     assert r.code == 0, r.err

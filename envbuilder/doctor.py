@@ -30,6 +30,7 @@ from pathlib import Path
 
 from . import emulation
 from .config import Config, load_config
+from .engines.docker import docker_candidates
 from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EnvbuilderError
 from .redact import redact_url
 
@@ -88,16 +89,6 @@ def _free_gb(path: Path) -> float:
 
 # --- engines ------------------------------------------------------------------------------------
 
-def _docker_clis() -> list[str]:
-    """Every docker CLI envbuilder would consider (engines/docker.py buildkit_cli's order)."""
-    found = [os.environ["ENVBUILDER_DOCKER_CLI"]] if os.environ.get("ENVBUILDER_DOCKER_CLI") else []
-    for folder in os.environ.get("PATH", "").split(os.pathsep):
-        exe = Path(folder) / "docker"
-        if exe.is_file() and os.access(exe, os.X_OK) and str(exe) not in found:
-            found.append(str(exe))
-    return found
-
-
 def _buildkit_cli(clis: list[str]) -> tuple[str | None, list[str]]:
     """The CLI that runs a BuildKit build (as engines/docker.py buildkit_cli picks it, bounded),
     and what each other CLI lacks."""
@@ -115,7 +106,7 @@ def _buildkit_cli(clis: list[str]) -> tuple[str | None, list[str]]:
 
 
 def check_docker() -> Check:
-    clis = _docker_clis()
+    clis = docker_candidates()
     try:
         import docker
         client = docker.from_env(timeout=PROBE_S)

@@ -65,8 +65,8 @@ def docker_cli() -> str:
     return os.environ.get("ENVBUILDER_DOCKER_CLI") or shutil.which("docker") or "docker"
 
 
-def buildkit_cli() -> list[str]:
-    """The command prefix of a docker CLI that can run a BuildKit build."""
+def docker_candidates() -> list[str]:
+    """Every docker CLI a BuildKit build may use, in the order tried: ENVBUILDER_DOCKER_CLI, then PATH's."""
     candidates = []
     if os.environ.get("ENVBUILDER_DOCKER_CLI"):
         candidates.append(os.environ["ENVBUILDER_DOCKER_CLI"])
@@ -74,7 +74,12 @@ def buildkit_cli() -> list[str]:
         exe = Path(folder) / "docker"
         if exe.is_file() and os.access(exe, os.X_OK) and str(exe) not in candidates:
             candidates.append(str(exe))
-    for exe in candidates:
+    return candidates
+
+
+def buildkit_cli() -> list[str]:
+    """The command prefix of a docker CLI that can run a BuildKit build."""
+    for exe in docker_candidates():
         if subprocess.run([exe, "buildx", "version"], capture_output=True).returncode == 0:
             return [exe, "buildx", "build", "--load"]
         out = subprocess.run([exe, "version", "--format", "{{.Client.Version}}"], capture_output=True, text=True)

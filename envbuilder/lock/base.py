@@ -151,6 +151,14 @@ def registry_digest(ref: str, timeout: float = 20) -> str:
     return registry_manifest(ref, timeout=timeout, mirror=registry_mirror())[0]
 
 
+def _held_digests(image: dict | None, ref: str) -> list[str]:
+    """The registry digests the engine's ``image`` has from ``ref``'s own registry and repository
+    (a push of the same image elsewhere does not count)."""
+    registry, repo, _ = split_reference(ref)
+    return [rd.partition("@")[2] for rd in (image or {}).get("repo_digests") or []
+            if split_reference(rd.partition("@")[0])[:2] == (registry, repo)]
+
+
 def resolve_base(ref: str, engine=None, platform: str | None = None) -> dict:
     """{ref, digest, kind, pinned[, manifest_digest, platform]}: kind 'repo-digest' (pinned =
     repo@digest; for a multi-arch index, repo@ the ``platform`` manifest's digest, so a build pulls exactly
@@ -160,9 +168,7 @@ def resolve_base(ref: str, engine=None, platform: str | None = None) -> dict:
     digest for the image it pulled is used."""
     name = ref.split("@", 1)[0]
     image = engine.image(ref) if engine is not None else None
-    registry, repo, _ = split_reference(ref)
-    held = [rd.partition("@")[2] for rd in (image or {}).get("repo_digests") or []
-            if split_reference(rd.partition("@")[0])[:2] == (registry, repo)]
+    held = _held_digests(image, ref)
     if image is not None and not held:
         return {"ref": ref, "digest": image["id"], "kind": "image-id", "pinned": ref}
     try:
@@ -183,8 +189,7 @@ def check_architecture(ref: str, engine, wanted: str) -> None:
     base resolves amd64 packages whatever the spec says. Unknown (an engine that does not say, an
     image the engine does not hold): not checked."""
     image = engine.image(ref) if engine is not None else None
-    registry, repo, _ = split_reference(ref)
-    if any(split_reference(rd.partition("@")[0])[:2] == (registry, repo) for rd in (image or {}).get("repo_digests") or []):
+    if _held_digests(image, ref):
         return      # pulled from its registry: a multi-arch name, whose index the lock asks for the arch's image
     have = (image or {}).get("architecture")
     if have and have != wanted:

@@ -309,7 +309,7 @@ def require_minicluster() -> dict:
     from pathlib import Path
 
     tool = Path(__file__).resolve().parent.parent / "tools" / "minicluster"
-    proc = subprocess.run(["bash", str(tool), "status"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["bash", str(tool), "status"], capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         _unavailable("The multi-node cluster", (proc.stderr or proc.stdout).strip()[-300:],
                      "run tools/minicluster start (.ci/setup does)")
@@ -325,7 +325,7 @@ def require_apptainer_cluster() -> None:
     """The 2-node cluster of `tools/minicluster --flavor apptainer` (Debian 13, Slurm 24.11, real
     Apptainer): skips, or fails under ENVBUILDER_REQUIRE_ENGINES=1, when it is not up."""
     proc = subprocess.run(["bash", str(_MINICLUSTER), "--flavor", "apptainer", "status"], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=120)
     if proc.returncode != 0:
         _unavailable("The Apptainer cluster", (proc.stderr or proc.stdout).strip()[-300:],
                      "run tools/minicluster --flavor apptainer start (.ci/setup does)")

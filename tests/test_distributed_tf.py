@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 
 import pytest
@@ -19,7 +20,7 @@ import pytest
 from apptainer_build import built_by_apptainer_verified_and_compared
 from apptainer_cluster import BUILDER_UID, SITE, TWO_BY_TWO, chown_tree, login_runner, sbatch, shared_folder
 from conftest import RECIPES, run_envbuilder
-from infra import keep_for_run, base_image, require_docker
+from infra import keep_for_run, base_image, docker_cli, require_docker
 
 RECIPE = RECIPES / "cpu-tf-multiworker.yaml"
 
@@ -123,3 +124,39 @@ def test_definition_file_built_by_apptainer_verified_and_compared(tf_mw_image, t
     Dockerfile's image above, and verify passes with 2 workers under Apptainer."""
     tag = json.loads((tf_mw_image / "manifest.json").read_text())["image"]["tag"]
     print(f"\ncpu-tf-multiworker: {built_by_apptainer_verified_and_compared(RECIPE, tf_mw_image, tag, tmp_path)}")
+
+
+# one worker's MultiWorkerMirroredStrategy, built as an unchanged script builds it: the coordination
+# config TensorFlow then runs with (its heartbeat timeout; 0 is TensorFlow's own 10 s)
+HEARTBEAT_PROBE = """
+import json, os, sys
+os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": ["localhost:23456"]},
+                                      "task": {"type": "worker", "index": 0}})
+import tensorflow as tf
+from tensorflow.python.eager import context
+if sys.argv[1:] == ["own"]:
+    from tensorflow.tsl.protobuf import coordination_config_pb2 as pb
+    context.context().configure_coordination_service(
+        "standalone", "/job:worker/replica:0/task:0", heartbeat_timeout_in_ms=7000,
+        coordinated_jobs=[pb.CoordinatedJob(name="worker", num_tasks=1)])
+tf.distribute.MultiWorkerMirroredStrategy()
+print("heartbeat_ms", context.context().coordination_service.heartbeat_timeout_in_ms)
+"""
+
+
+@pytest.mark.parametrize("env, arg, expect", [
+    ({"ENVBUILDER_TF_HEARTBEAT_S": "45"}, "", 45000),   # what job.sbatch asks for
+    ({}, "", 0),                                        # nothing asked: TensorFlow's default
+    ({"ENVBUILDER_TF_HEARTBEAT_S": "45"}, "own", 7000),  # a script's own timeout is kept
+], ids=["asked", "not-asked", "script-own"])
+def test_the_images_start_up_hook_sets_tfs_heartbeat_timeout_only_when_asked(tf_mw_image, env, arg, expect):
+    """The TF image's envbuilder.pth gives MultiWorkerMirroredStrategy the coordination heartbeat
+    timeout job.sbatch exports (a loaded node must not end the job by TF's 10 s default)."""
+    tag = json.loads((tf_mw_image / "manifest.json").read_text())["image"]["tag"]
+    env_args = [a for k, v in env.items() for a in ("-e", f"{k}={v}")]
+    proc = subprocess.run([docker_cli(), "run", "--rm", "--network", "none", *env_args, tag, "python", "-c",
+                           HEARTBEAT_PROBE, *([arg] if arg else [])], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"heartbeat_ms {expect}" in proc.stdout.splitlines(), proc.stdout + proc.stderr[-2000:]
+    job = (tf_mw_image / "job.sbatch").read_text()
+    assert "export ENVBUILDER_TF_HEARTBEAT_S=${ENVBUILDER_TF_HEARTBEAT_S:-60}" in job

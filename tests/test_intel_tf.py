@@ -93,9 +93,9 @@ def test_definition_file_built_by_apptainer_verified_and_compared(intel_tf_image
     """The same lock's Apptainer.def (Horovod compiled again, in %post) built by Apptainer: %test
     passes, the same packages as the image above, and verify passes with 2 ranks under Apptainer.
     A long build since issue 46 (521 s, CI's longest test): CI keeps the definition files of
-    cpu-torch-horovod (Horovod, tests/test_apptainer_presets.py), cpu-torch-ddp (tests/test_apptainer.py)
-    and the TF multi-worker preset (tests/test_distributed_tf.py) built by Apptainer, and gave the
-    time to the wheel's install test, the mirror and the arm64 base."""
+    cpu-torch-ddp (tests/test_apptainer.py) and the TF multi-worker preset
+    (tests/test_distributed_tf.py) built by Apptainer, and gave the time to the wheel's install
+    test, the mirror and the arm64 base."""
     out, info = intel_tf_image
     figures = built_by_apptainer_verified_and_compared(RECIPES / "intel-tf-cpu-debian.yaml", out, info["tag"], tmp_path)
     print(f"cpu-intel-tf-debian: {figures}")

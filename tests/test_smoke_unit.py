@@ -616,3 +616,37 @@ def test_horovod_cuda_arch_reads_the_loaded_binding_and_names_what_is_missing(tm
     assert static.check_horovod_cuda_arch(dict(base, gpu=False, cuda_arch=["9.0"]), object()) == []
     assert static.check_horovod_cuda_arch(dict(base, horovod={"operations": ["mpi"]}, cuda_arch=["9.0"]), object()) == []
     assert static.check_horovod_cuda_arch(base, object()) == []
+
+
+# ------------------------------------------------------------------ TF's coordination heartbeat hook
+
+def test_the_tf_heartbeat_hook_reads_only_whole_seconds_and_keeps_a_timeout_the_caller_gave():
+    """envbuilder_smoke/tf_coordination.py (the TF image's .pth calls install()): the timeout comes
+    from ENVBUILDER_TF_HEARTBEAT_S in whole seconds; anything else leaves TensorFlow's default; a
+    caller's own timeout, by keyword or by position, is kept. (The real TensorFlow path:
+    tests/test_distributed_tf.py, in the image.)"""
+    from envbuilder.smoke import tf_coordination as tc
+
+    assert tc.heartbeat_ms({"ENVBUILDER_TF_HEARTBEAT_S": "45"}) == 45000
+    for raw in ("", "0", "-5", "4.5", "soon", "9" * 40, "1e3"):
+        assert tc.heartbeat_ms({"ENVBUILDER_TF_HEARTBEAT_S": raw}) == 0, raw
+    assert tc.install({}) is False     # nothing asked: no finder added
+
+    seen = []
+
+    class Context:   # the signature of TensorFlow's Context.configure_coordination_service
+        def configure_coordination_service(self, service_type, service_leader="", enable_health_check=True,
+                                           cluster_register_timeout_in_ms=0, heartbeat_timeout_in_ms=0):
+            seen.append(heartbeat_timeout_in_ms)
+
+    module = type(sys)("context")
+    module.Context = Context
+    assert tc.patch(module, 45000) is True
+    assert tc.patch(module, 45000) is False          # once
+    ctx = Context()
+    ctx.configure_coordination_service("standalone", service_leader="/job:worker/replica:0/task:0")
+    ctx.configure_coordination_service("standalone", heartbeat_timeout_in_ms=7000)
+    ctx.configure_coordination_service("standalone", "leader", True, 0, 8000)
+    ctx.configure_coordination_service("standalone", "leader", True, 0, 0)
+    assert seen == [45000, 7000, 8000, 45000]
+    assert tc.PTH_LINE.startswith("import ") and "install()" in tc.PTH_LINE

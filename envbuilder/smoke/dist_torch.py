@@ -17,6 +17,7 @@ torch + the standard library only; Python >= 3.8.
 """
 
 import datetime
+import gc
 import os
 import socket
 import time
@@ -360,8 +361,20 @@ def run(ctx, run_checks, threads):
     ] + ([(check_name(TAG), lambda c: [fabric_result(TAG, c.td.backend)])] if fabric() else []) + [
         ("gpu.devices" + TAG, check_gpu),
     ])
-    try:
-        ctx.td.dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
-        pass
+    end_process_group(ctx.td)
     return 0
+
+
+def end_process_group(td):
+    """Free the process group and every object that holds its work while the interpreter is whole.
+    Gloo's worker threads can still hold finished work (tensors with Python references, DDP's
+    reducer) when the interpreter finalizes; freeing them then takes the GIL of a dying interpreter
+    and the rank aborts (SIGABRT, "terminate called without an active exception") after every check
+    passed: pytorch/pytorch#190489, the abandoned fix #179291. Seen here under load (a 2-core
+    machine at load 5-15). The worker then leaves without the interpreter's teardown (worker.main)."""
+    try:
+        if td.dist.is_initialized():
+            td.dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - the checks' verdicts are already written
+        pass
+    gc.collect()

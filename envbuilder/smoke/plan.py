@@ -9,6 +9,7 @@ import sys
 from .common import threads_per_rank, cpu_count
 from .cpu_tf import OMP_EXPECT_ENV
 from .static import framework_key, framework_module
+from .tf_coordination import DEFAULT_S as HEARTBEAT_DEFAULT_S, ENV as HEARTBEAT_ENV
 
 
 PACKAGE = __package__ or "envbuilder_smoke"
@@ -187,6 +188,9 @@ def run_env(run, args, expect):
             # torchrun's ranks are told apart by its ROLE_RANK; SLURM_PROCID is the node's task
             env.pop("SLURM_PROCID", None)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    if run.controller == "tf":
+        # a loaded node must not end the run by TF's 10 s heartbeat (tf_coordination.py)
+        env.setdefault(HEARTBEAT_ENV, str(HEARTBEAT_DEFAULT_S))
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
         env[OMP_EXPECT_ENV] = "%s|verify --threads" % args.threads

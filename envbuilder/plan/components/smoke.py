@@ -8,6 +8,7 @@ from ..image import Copy, Step
 from ...spec.presets import describe
 from ...stack import Stack
 from .python import python_exe
+from ...smoke.tf_coordination import PTH_LINE
 
 MANIFEST = "manifest.json"
 
@@ -19,10 +20,20 @@ def install(stack: Stack) -> list:
         Copy(SMOKE_DIR, f"{PREFIX}/{SMOKE_DIR}"),
         Step("smoke", "make the smoke suite importable as `python -m envbuilder_smoke`", [
             f"{py} -c 'import sysconfig; "
-            f"open(sysconfig.get_paths()[\"purelib\"] + \"/envbuilder.pth\", \"w\").write(\"{PREFIX}\\n\")'",
+            f"open(sysconfig.get_paths()[\"purelib\"] + \"/envbuilder.pth\", \"w\").write("
+            f"\"{PREFIX}\\n{start_up_hook(stack)}\")'",
             f"{py} -B -m {SMOKE_DIR} --help > /dev/null",   # -B: no .pyc with build times
         ]),
     ]
+
+
+def start_up_hook(stack: Stack) -> str:
+    """The .pth's import line, TensorFlow images only: the coordination service's heartbeat timeout
+    from ENVBUILDER_TF_HEARTBEAT_S, when a job sets it (envbuilder_smoke/tf_coordination.py;
+    job.sbatch of a tf-multiworker job does)."""
+    if stack.spec.framework.module != "tensorflow":
+        return ""
+    return PTH_LINE + "\\n"
 
 
 def test_command(stack: Stack) -> list[str]:

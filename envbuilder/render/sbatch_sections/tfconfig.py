@@ -27,6 +27,7 @@ cluster.env) is kept, and the job's log says so, unless distributed.tf_config is
 from __future__ import annotations
 
 from ...plan.job import JobPlan
+from ...smoke.tf_coordination import DEFAULT_S as HEARTBEAT_DEFAULT_S, ENV as HEARTBEAT_ENV
 
 
 def function_lines(plan: JobPlan) -> list[str]:
@@ -144,6 +145,11 @@ def batch_lines(plan: JobPlan) -> list[str]:
         '[ "$ENVBUILDER_TF_CONFIG" = kept ] || note "TF_CONFIG: set in every task from the step\'s nodes'
         ' and tasks per node (ports from $MASTER_PORT)"',
         "export ENVBUILDER_TF_CONFIG",
+        "# TensorFlow's coordination service ends the job when a worker misses heartbeats for 10 s, its",
+        "# default: on a loaded node that is a false failure. The image's start-up hook",
+        "# (envbuilder_smoke/tf_coordination.py) gives a strategy built without a timeout this one;",
+        f"# export {HEARTBEAT_ENV}=N before sbatch to change it, 0 for TensorFlow's own",
+        f"export {HEARTBEAT_ENV}=${{{HEARTBEAT_ENV}:-{HEARTBEAT_DEFAULT_S}}}",
     ]
 
 

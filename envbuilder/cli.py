@@ -130,6 +130,7 @@ def cmd_build(args) -> int:
 def cmd_sif(args) -> int:
     from .engines.docker import docker_cli
     from .errors import EnvbuilderError
+    from .runtimes.docker import built_tag
     from .sif.build import make_sif, require_tools
     from .verify.runner import default_tag, read_manifest
 
@@ -140,7 +141,7 @@ def cmd_sif(args) -> int:
         raise EnvbuilderError("--archive", f"no such file: {archive}",
                               "give a `docker save` or OCI image archive (buildah push IMAGE oci-archive:FILE)")
     require_tools()
-    tag = args.image or default_tag(manifest)
+    tag = args.image or built_tag(folder) or default_tag(manifest)    # a build's --tag (image.json)
     info = make_sif(folder, tag, docker=docker_cli(), archive=archive, quiet=args.json,
                     max_unpacked=args.max_unpacked_size)
     if args.json:
@@ -159,7 +160,8 @@ def _size(text: str) -> int:
 
 def _sif_args(p):
     p.add_argument("folder", help="output folder of `envbuilder build` (holds manifest.json)")
-    p.add_argument("--image", metavar="REF", help="Docker image (default: the manifest's image.tag)")
+    p.add_argument("--image", metavar="REF", help="Docker image (default: the tag the build gave it, "
+                   "image.json, else the manifest's image.tag)")
     p.add_argument("--archive", metavar="FILE", help="an image archive instead: `docker save` or OCI (buildah)")
     p.add_argument("--max-unpacked-size", metavar="SIZE", type=_size, default="64G",
                    help="refuse an image whose files add up to more than SIZE (K/M/G/T; default 64G)")

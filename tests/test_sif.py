@@ -515,6 +515,25 @@ def test_no_room_is_one_message_and_no_partial_sif(small_folder, tmp_path):
         assert sorted(p.name for p in folder.iterdir()) == ["manifest.json"]
 
 
+def test_sif_takes_the_tag_the_build_gave_the_image(small_folder):
+    """`build --tag T` records T in image.json; `envbuilder sif FOLDER` writes the .sif of that image,
+    not of the manifest's default tag (issue 47: it read the manifest's)."""
+    tools()
+    tag = "envbuilder-test/sif-by-tag:1"
+    docker = docker_cli()
+    subprocess.run([docker, "rmi", "-f", tag], capture_output=True)
+    (small_folder / "image.json").write_text(json.dumps({"engine": "docker", "tag": tag}))
+    r = run_envbuilder("sif", str(small_folder))
+    assert r.code == 1 and f"image {tag} is not in the Docker engine" in r.err, r.err
+    subprocess.run([docker, "tag", BASE_IMAGE, tag], check=True, capture_output=True)
+    try:
+        r = run_envbuilder("sif", str(small_folder))
+        assert r.code == 0, r.err[-2000:]
+        assert (small_folder / "deb.sif").is_file()
+    finally:
+        subprocess.run([docker, "rmi", tag], capture_output=True)
+
+
 def test_sif_of_the_small_base_image_round_trips(small_folder):
     """The whole path on a small image: `envbuilder sif`, then `verify`'s structure check."""
     tools()

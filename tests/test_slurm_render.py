@@ -558,3 +558,31 @@ def test_an_apptainerenv_library_path_set_before_the_job_is_kept_and_said(tmp_pa
         assert replaces.stdout.strip() == "out=/opt/site/mpi/lib:/opt/module/lib"
     else:
         assert plain.stdout.strip() == "out=" and replaces.stdout.strip() == "out=/opt/module/lib"
+
+
+@pytest.mark.parametrize("present, env_image, expect", [
+    ("cpu-torch-ddp.sif", None, "running {d}/cpu-torch-ddp.sif"),          # build --sif's file, found
+    ("cpu-torch-ddp", None, "image {d}/cpu-torch-ddp"),                    # the directory wins
+    ("cpu-torch-ddp.sif", "elsewhere", "image 'elsewhere' not found"),     # a named image is never swapped
+    (None, None, "image '{d}/cpu-torch-ddp' not found"),
+], ids=["sif", "directory", "named", "none"])
+def test_charliecloud_job_takes_the_sif_build_wrote_when_no_directory_image_is_there(tmp_path, present, env_image,
+                                                                                     expect):
+    """The charliecloud job's image lines (as rendered, run by bash): with no image named at submit
+    time and no directory image, the .sif `build --sif` wrote beside the script (issue 47)."""
+    text = render(tmp_path, RECIPES / "cpu-torch-ddp.yaml", "--runtime", "charliecloud")
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('IMAGE="${ENVBUILDER_IMAGE:-'))
+    end = next(i for i, line in enumerate(lines) if line.startswith("export IMAGE"))
+    folder = tmp_path / "job"
+    folder.mkdir()
+    if present and present.endswith(".sif"):
+        (folder / present).write_bytes(b"SIF")
+    elif present:
+        (folder / present).mkdir()
+    script = "\n".join(['note() { echo "note: $*" >&2; }', 'die() { echo "die: $*" >&2; exit 2; }',
+                        f'JOB_DIR="{folder}"', *lines[start:end], 'echo "image $IMAGE"'])
+    env = {"PATH": os.environ["PATH"], **({"ENVBUILDER_IMAGE": env_image} if env_image else {})}
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env)
+    assert expect.format(d=folder) in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == (2 if "not found" in expect else 0)

@@ -48,7 +48,7 @@ def attest_after_verify(report: dict, image: str | None, manifest_path: Path | N
     if not manifest:
         manifest = _manifest(manifest_path)
     statement = verify_statement(report, manifest, subject_for(image), site=site, nodes=nodes)
-    write_atomic(out, dumps(statement))
+    write_atomic(out, dumps(statement), option="--attest")
     return f"attestation: {out} (subject sha256:{statement['subject'][0]['digest']['sha256'][:12]}..., " \
            f"stack {statement['predicate']['stack']['id'][:17]}...; sign it: envbuilder attest sign {out} --key KEY)"
 
@@ -87,7 +87,9 @@ def sign(statement_path: str, key: str, image: str, fmt: str = "auto") -> str:
                                   f"is of sha256:{subject}", "sign the attestation of this image")
     if fmt == "cosign":
         bundle = Path(f"{statement_path}.bundle")
-        cosign.sign_blob(Path(statement_path), keyp, bundle)
+        with tempfile.TemporaryDirectory(prefix="envbuilder-sign-") as tmp:  # cosign writes where we own
+            cosign.sign_blob(Path(statement_path), keyp, Path(tmp) / "bundle")
+            write_atomic(bundle, (Path(tmp) / "bundle").read_bytes(), option="attest sign")
         if is_provenance:
             return (f"signed: {bundle} (cosign bundle of the build provenance; check: cosign verify-blob --key PUB "
                     f"--bundle {bundle} --insecure-ignore-tlog=true {statement_path})")
@@ -157,7 +159,7 @@ def provenance(folder: str, out: str | None = None, image: dict | None = None,
                               "build it first: envbuilder build SPEC")
     statement = provenance_statement(manifest, files, image, subject)
     target = Path(out) if out else f / "provenance.intoto.json"
-    write_atomic(target, dumps(statement))
+    write_atomic(target, dumps(statement), option="--out" if out else "provenance", inside=None if out else f)
     return f"provenance: {target}"
 
 

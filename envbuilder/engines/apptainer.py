@@ -26,7 +26,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from .. import emulation
+from .. import emulation, safewrite
 from ..errors import CheckFailed, EnvbuilderError
 from ..sif import layout
 from ..render.apptainer import ARCHIVES, archive_commands, archive_name
@@ -176,7 +176,7 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     emulation.require_runnable(arch, "arch", f"apptainer build ({arch} image: %post and %test)")
     log_path = folder / LOG_NAME
     started = time.monotonic()
-    with open(log_path, "w", encoding="utf-8") as log:
+    with safewrite.open_new(log_path, option="build log", inside=folder) as log:
         log.write(f"$ {_shown(folder, cmd)}\n")
         log.flush()
         code = subprocess.run(cmd, cwd=folder, stdout=log, stderr=subprocess.STDOUT).returncode

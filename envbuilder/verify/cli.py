@@ -83,7 +83,7 @@ def check_report_path(option: str, value: str | None) -> None:
 
 def _write_report(option: str, path: str, text: str) -> None:
     try:
-        write_atomic(path, text)
+        write_atomic(path, text, option=option)
     except OSError as exc:
         raise EnvbuilderError(option, f"cannot write {path}: {exc.strerror or exc}",
                               f"give {option} a file path in a folder you can write to") from None

@@ -285,6 +285,22 @@ def _create(path: Path, option: str, replace: Replace, force: bool, mode: int, i
     return f
 
 
+def precheck(path: str | Path, *, option: str, replace: Replace = "any", force: bool = False,
+             inside: str | Path | None = None) -> None:
+    """Before long work whose result goes to PATH (a build, a SIF): the refusal write_file would
+    give, now (the write itself checks again)."""
+    path = Path(path)
+    with _os_errors(option, path):
+        try:
+            fd = _open_folder(path, option, None, Path(inside) if inside is not None else None)
+        except FileNotFoundError:
+            return                      # its folder is made when written
+        try:
+            check_target(fd, path.name, _shown(path), option, replace, force)
+        finally:
+            os.close(fd)
+
+
 def open_folder(folder: str | Path, rel_parent: str | Path, option: str, made: list[Path]) -> int:
     """A descriptor of FOLDER/REL_PARENT, missing folders made (and added to MADE), no link
     followed below FOLDER: for writers of many files (output.py)."""

@@ -216,6 +216,7 @@ def make_sif(folder: Path, tag: str, *, docker: str = "docker", archive: Path | 
     name = sif_name(manifest)
     epoch = source_date_epoch(manifest)
     dest = folder / f"{name}.sif"
+    safewrite.precheck(dest, option="sif", inside=folder)
     if archive is None:
         check_room(folder, int(_image_size(docker, tag) * ROOM_FACTOR))
     else:

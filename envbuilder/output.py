@@ -53,13 +53,9 @@ def _unwritable(folder: Path, exc: OSError, name: str | None = None) -> Envbuild
 
 
 def check_replaceable(path: Path, option: str, force: bool = False) -> None:
-    """Before work whose result goes to PATH (`lock --lock FILE`): refuse a file envbuilder did not
-    write, unless FORCE."""
-    path = Path(path)
-    if path.is_file() and not path.is_symlink() and not force and not written_by_envbuilder(path):
-        raise EnvbuilderError(option, f"{path} was not written by envbuilder (it has no envbuilder header); "
-                              "replacing it would lose your file",
-                              f"move {path} away, give another path, or give --force to replace it")
+    """Before work whose result goes to PATH (`lock --lock FILE`): refuse a link, anything but a
+    plain file, and a file envbuilder did not write unless FORCE."""
+    safewrite.precheck(path, option=option, replace=_ours(None), force=force)
 
 
 def _check_paths(folder: Path, files: dict[str, bytes], force: bool = False) -> None:

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from . import safewrite
-from .errors import EnvbuilderError
+from .errors import EnvbuilderError, escape_controls
 
 EXECUTABLE = {"job.sbatch", "slurm-epilog.sh"}
 OWNED = ("pins", "envbuilder_smoke")   # all generated: a file the new write lacks is stale
@@ -161,7 +161,7 @@ def write_folder(folder: Path, files: dict[str, bytes], *, complete: bool = Fals
 
 
 def _note(text: str) -> None:
-    print(f"note: {text}", file=sys.stderr)
+    print(f"note: {escape_controls(text, keep_lines=True)}", file=sys.stderr)
 
 
 def _update(folder: Path, files: dict[str, bytes], complete: bool, note, force: bool = False) -> list[Path]:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Union
 
-from .errors import EnvbuilderError
+from .errors import EnvbuilderError, escape_controls
 
 HEAD = 8192
 Replace = Union[str, Callable[[bytes], bool]]
@@ -72,7 +72,7 @@ def _open_folder(path: Path, option: str, made: list[Path] | None, inside: Path 
         try:
             return os.open(folder, _DIR_FLAGS)
         except NotADirectoryError:
-            raise UnsafeTarget(option, f"{folder} is not a folder, so {path} cannot be made in it",
+            raise UnsafeTarget(option, f"{_shown(folder)} is not a folder, so {_shown(path)} cannot be made in it",
                                "give a path in a folder") from None
     inside = Path(inside)
     rel = path.relative_to(inside)
@@ -92,9 +92,9 @@ def _open_folder(path: Path, option: str, made: list[Path] | None, inside: Path 
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
-                        raise _link_error(option, str(here)) from None
-                    raise UnsafeTarget(option, f"{here} is a file where envbuilder needs a folder",
-                                       f"move {here} away") from None
+                        raise _link_error(option, _shown(here)) from None
+                    raise UnsafeTarget(option, f"{_shown(here)} is a file where envbuilder needs a folder",
+                                       f"move {_shown(here)} away") from None
                 raise
             os.close(fd)
             fd = nxt
@@ -197,7 +197,8 @@ def commit(fd: int, tmp: str, name: str, shown: str, option: str, replace: Repla
 
 
 def _shown(path: Path) -> str:
-    return str(path)
+    """A path as a message shows it: a newline or escape sequence in a name escaped."""
+    return escape_controls(str(path))
 
 
 def write_file(path: str | Path, data: str | bytes, *, option: str, replace: Replace = "any",
@@ -225,7 +226,7 @@ def _os_errors(option: str, path: Path) -> Iterator[None]:
     except UnsafeTarget:
         raise
     except OSError as exc:
-        raise UnsafeTarget(option, f"cannot write {path}: {exc.strerror or exc}",
+        raise UnsafeTarget(option, f"cannot write {_shown(path)}: {exc.strerror or exc}",
                            f"give {option} a path in a folder you can write to") from None
 
 

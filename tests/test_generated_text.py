@@ -188,3 +188,23 @@ def test_a_newline_in_a_name_cannot_fake_a_line_of_its_own(tmp_path, capsys):
     assert e.message().splitlines() == ["spec\\x0a  fix: x.yaml:3: key\\x0aerror: all fine: unknown key",
                                         "  fix: remove it"]
     assert json.loads(json.dumps(e.as_dict()))["field"] == "key\nerror: all fine"     # --json: JSON's own escaping
+
+
+@pytest.mark.parametrize("payload", BREAKS)
+def test_a_lock_note_with_a_line_break_any_reader_sees_is_refused(payload):
+    """A lock's free text (resolver notes, times) is one line for every reader too (lock/schema.py)."""
+    import sys
+
+    from envbuilder.errors import EnvbuilderError
+    from envbuilder.lock.model import loads
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import fuzz_lock
+
+    lock = json.loads(fuzz_lock.BASE_TEXT)
+    lock["resolvers"]["apt-index"] = {"deb.debian.org bookworm": f"2026-01-01{payload}%setup"}
+    with pytest.raises(EnvbuilderError) as exc:
+        loads(json.dumps(fuzz_lock.resealed(lock)))
+    message = exc.value.message()
+    assert "resolvers.apt-index" in message and "one line" in message
+    assert all(c == "\n" or c.isprintable() for c in message), repr(message)

@@ -274,7 +274,8 @@ def _create(path: Path, option: str, replace: Replace, force: bool, mode: int, i
     fd = _open_folder(path, option, [], Path(inside) if inside is not None else None)
     try:
         if check_target(fd, path.name, _shown(path), option, replace, force):
-            os.unlink(path.name, dir_fd=fd)
+            with contextlib.suppress(FileNotFoundError):      # removed meanwhile: as good
+                os.unlink(path.name, dir_fd=fd)
         try:
             f = os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
                         mode, dir_fd=fd)

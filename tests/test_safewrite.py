@@ -461,3 +461,52 @@ def test_the_moved_writers_still_write_where_they_did(tmp_path, capsys, monkeypa
     assert (folder / "conda-pkgs" / "demo-1.0-0.tar.bz2").read_bytes() == b"package"
     assert sorted(p.name for p in folder.iterdir()) == ["apptainer-build.log", "conda-pkgs", "demo.sif", "image.oci.tar"]
     assert [p.name for p in (folder / "conda-pkgs").iterdir()] == ["demo-1.0-0.tar.bz2"]
+
+
+def test_a_thread_swapping_a_link_and_a_file_never_gets_a_write_through(tmp_path):
+    """A concurrent writer flips the destination between a link to the victim, nothing and a plain
+    file while 600 writes run (write_file replacing any file or none, open_new): every write either lands (the link or file replaced, not followed)
+    or is refused with safewrite's message; the victim never changes."""
+    import threading
+
+    from envbuilder import safewrite
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(VICTIM)
+    target = tmp_path / "report.json"
+    stop = threading.Event()
+
+    def flip():
+        while not stop.is_set():
+            for make in (lambda: target.symlink_to(victim), lambda: target.write_bytes(b"plain")):
+                try:
+                    target.unlink()
+                except FileNotFoundError:
+                    pass
+                try:
+                    make()
+                except FileExistsError:
+                    pass
+
+    t = threading.Thread(target=flip, daemon=True)
+    t.start()
+    outcomes = {"written": 0, "refused": 0}
+    try:
+        for n in range(200):
+            for how in ("any", "never", "open_new"):
+                try:
+                    if how == "open_new":
+                        with safewrite.open_new(target, option="build log") as log:
+                            log.write(f"log {n}")
+                    else:
+                        safewrite.write_file(target, f"report {n}", option="--report", replace=how)
+                    outcomes["written"] += 1
+                except safewrite.UnsafeTarget as exc:
+                    assert "symbolic link" in exc.reason or "exists" in exc.reason or "appeared" in exc.reason, exc.reason
+                    outcomes["refused"] += 1
+    finally:
+        stop.set()
+        t.join()
+    assert victim.read_bytes() == VICTIM
+    assert outcomes["written"] and outcomes["refused"], outcomes
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []     # no temporary left

@@ -237,7 +237,7 @@ def _ours(new: bytes | None):
     return test
 
 
-def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None, *, option: str = "output",
+def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None, *, option: str = "write",
                  replace: safewrite.Replace = "any", force: bool = False, inside: str | Path | None = None) -> None:
     """One file that a reader sees whole or not at all (a report, image.json, a bundle, init -o):
     safewrite.write_file (never through a link; REPLACE: what may be replaced). MODE defaults to

@@ -48,7 +48,7 @@ def attest_after_verify(report: dict, image: str | None, manifest_path: Path | N
     if not manifest:
         manifest = _manifest(manifest_path)
     statement = verify_statement(report, manifest, subject_for(image), site=site, nodes=nodes)
-    write_atomic(out, dumps(statement), option="--attest")
+    write_atomic(out, dumps(statement))
     return f"attestation: {out} (subject sha256:{statement['subject'][0]['digest']['sha256'][:12]}..., " \
            f"stack {statement['predicate']['stack']['id'][:17]}...; sign it: envbuilder attest sign {out} --key KEY)"
 
@@ -159,7 +159,7 @@ def provenance(folder: str, out: str | None = None, image: dict | None = None,
                               "build it first: envbuilder build SPEC")
     statement = provenance_statement(manifest, files, image, subject)
     target = Path(out) if out else f / "provenance.intoto.json"
-    write_atomic(target, dumps(statement), option="--out" if out else "provenance", inside=None if out else f)
+    write_atomic(target, dumps(statement))
     return f"provenance: {target}"
 
 

@@ -186,13 +186,14 @@ def _update(folder: Path, files: dict[str, bytes], complete: bool, note, force: 
         for fd, tmp, target, name in staged:
             current = name
             ours = None if force or name.split("/")[0] in OWNED else _ours(files[name])
-            exists = safewrite.check_target(fd, target.name, str(target), "--out", ours or "any", force)
+            shown = escape_controls(str(target))
+            exists = safewrite.check_target(fd, target.name, shown, "--out", ours or "any", force)
             backup = None
             if exists:
                 backup = f".{target.name}.old.{os.getpid()}.{secrets.token_hex(4)}"
                 os.link(target.name, backup, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
             swapped.append((fd, target, backup))
-            safewrite.commit(fd, tmp, target.name, str(target), "--out", ours or "any", force)
+            safewrite.commit(fd, tmp, target.name, shown, "--out", ours or "any", force)
     except (OSError, EnvbuilderError) as exc:
         for fd, target, backup in reversed(swapped):
             try:

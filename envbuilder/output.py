@@ -187,6 +187,7 @@ def _update(folder: Path, files: dict[str, bytes], complete: bool, note, force: 
             current = name
             ours = None if force or name.split("/")[0] in OWNED else _ours(files[name])
             shown = escape_controls(str(target))
+            safewrite.check_folder(fd, target.parent, "--out", folder)
             exists = safewrite.check_target(fd, target.name, shown, "--out", ours or "any", force)
             backup = None
             if exists:

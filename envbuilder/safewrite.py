@@ -170,6 +170,27 @@ def stage(fd: int, name: str, data: bytes, mode: int) -> str:
     return tmp
 
 
+def check_folder(fd: int, folder: Path, option: str, inside: Path | None = None) -> None:
+    """FOLDER still is the folder FD opened: no link now on the way below INSIDE, not swapped for
+    another folder (else a refusal: the file would land in a folder no longer at that path)."""
+    folder = Path(folder)
+    try:
+        if inside is not None:
+            here = Path(inside)
+            for part in folder.relative_to(inside).parts:
+                here = here / part
+                if stat.S_ISLNK(os.lstat(here).st_mode):
+                    raise _link_error(option, _shown(here))
+        st, fst = os.stat(folder), os.fstat(fd)
+        same = (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+    except FileNotFoundError:
+        same = False
+    if not same:
+        raise UnsafeTarget(option, f"{_shown(folder)} was moved or replaced while envbuilder wrote into it; "
+                           "nothing was written there", f"see what else changes {_shown(folder)}, then run "
+                           "the command again")
+
+
 def commit(fd: int, tmp: str, name: str, shown: str, option: str, replace: Replace, force: bool) -> None:
     """TMP (in folder FD) becomes NAME: checked once more just before; with ``replace="never"``
     (and no FORCE) by a hard link, which fails on anything there, a link included."""
@@ -213,6 +234,13 @@ def write_file(path: str | Path, data: str | bytes, *, option: str, replace: Rep
         try:
             check_target(fd, path.name, _shown(path), option, replace, force)
             tmp = stage(fd, path.name, data, mode)
+            try:
+                check_folder(fd, path.parent if str(path.parent) else Path("."), option,
+                             Path(inside) if inside is not None else None)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=fd)
+                raise
             commit(fd, tmp, path.name, _shown(path), option, replace, force)
         finally:
             os.close(fd)

@@ -347,9 +347,11 @@ def test_a_link_planted_after_the_check_is_refused_and_not_followed(tmp_path, mo
     assert victim.read_bytes() == VICTIM and sorted(p.name for p in tmp_path.iterdir()) == ["report.json", "victim"]
 
 
-def test_a_folder_swapped_for_a_link_after_it_was_opened_is_not_followed(tmp_path, monkeypatch):
-    """write_folder opens each folder once; pins/ replaced by a link to another folder after that
-    changes nothing there: the new file lands in the folder opened (now renamed away) or not at all."""
+def test_a_folder_swapped_for_a_link_after_it_was_opened_is_refused_and_not_followed(tmp_path, monkeypatch,
+                                                                                     capsys):
+    """write_folder opens each folder once and checks, before each file is swapped in, that the path
+    still leads to it: pins/ replaced by a link after the check is refused, naming it, and nothing
+    is written through it (nor into the folder moved away)."""
     from envbuilder import output, safewrite
 
     folder = tmp_path / "out"
@@ -360,15 +362,39 @@ def test_a_folder_swapped_for_a_link_after_it_was_opened_is_not_followed(tmp_pat
 
     def stage_then_swap(fd, name, data, mode):
         tmp = real(fd, name, data, mode)
-        if not (folder / "pins").is_symlink():
+        if name == "pip-python.txt" and not (folder / "pins").is_symlink():    # pins/ opened by now
             os.rename(folder / "pins", tmp_path / "pins-moved")
             (folder / "pins").symlink_to(elsewhere)
         return tmp
 
     monkeypatch.setattr(safewrite, "stage", stage_then_swap)
-    output.write_folder(folder, {"pins/pip-python.txt": b"b"})
+    with pytest.raises(EnvbuilderError) as exc:
+        output.write_folder(folder, {"Dockerfile": b"# Written by envbuilder", "pins/pip-python.txt": b"b"})
+    assert "symbolic link" in exc.value.message() and str(folder / "pins") in exc.value.message()
     assert list(elsewhere.iterdir()) == []
-    assert (tmp_path / "pins-moved" / "pip-python.txt").read_bytes() == b"b"
+    assert [p.name for p in (tmp_path / "pins-moved").iterdir()] == ["pip-python.txt"]
+    assert (tmp_path / "pins-moved" / "pip-python.txt").read_bytes() == b"a"
+    assert not (folder / "Dockerfile").exists()          # all or nothing: the folder as it was
+
+
+def test_a_users_folder_swapped_after_it_was_opened_is_refused(tmp_path, monkeypatch):
+    from envbuilder import safewrite
+
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    real = safewrite.stage
+
+    def stage_then_swap(fd, name, data, mode):
+        tmp = real(fd, name, data, mode)
+        os.rename(tmp_path / "reports", tmp_path / "reports-moved")
+        (tmp_path / "reports").symlink_to(tmp_path / "elsewhere")
+        return tmp
+
+    monkeypatch.setattr(safewrite, "stage", stage_then_swap)
+    with pytest.raises(EnvbuilderError) as exc:
+        safewrite.write_file(tmp_path / "reports" / "r.json", "{}", option="--report")
+    assert "moved or replaced while envbuilder wrote into it" in exc.value.message()
+    assert list((tmp_path / "elsewhere").iterdir()) == [] and list((tmp_path / "reports-moved").iterdir()) == []
 
 
 def test_init_never_replaces_a_file_made_while_it_wrote(tmp_path, monkeypatch):

@@ -229,12 +229,7 @@ def _write_new(path: str, text: str, force: bool, option: str) -> None:
 
     target = Path(path)
     check_output_folder(target.parent if str(target.parent) else Path("."), option)
-    if target.is_symlink() or target.is_dir():
-        raise EnvbuilderError(option, f"{path} is a link or a folder", "give the path of a new file")
-    if target.exists() and not force:
-        raise EnvbuilderError(option, f"{path} exists; replacing it would lose your file",
-                              f"give another path with {option}, or --force to replace it")
-    write_atomic(target, text)
+    write_atomic(target, text, option=option, replace="never", force=force)
 
 
 @command("init", "write a spec from a requirements.txt, environment.yml, pyproject.toml or a conda environment")

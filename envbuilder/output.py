@@ -6,6 +6,7 @@ followed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -14,7 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .errors import EnvbuilderError
+from . import safewrite
+from .errors import EnvbuilderError, escape_controls
 
 EXECUTABLE = {"job.sbatch", "slurm-epilog.sh"}
 OWNED = ("pins", "envbuilder_smoke")   # all generated: a file the new write lacks is stale
@@ -40,9 +42,7 @@ def written_by_envbuilder(path: Path, new: bytes | None = None) -> bool:
             head = fh.read(_HEAD)
     except OSError:
         return False
-    if new is not None and len(head) < _HEAD and head == new:
-        return True
-    return any(m.search(head) for m in MARKERS)
+    return _ours(new)(head)
 
 
 def _unwritable(folder: Path, exc: OSError, name: str | None = None) -> EnvbuilderError:
@@ -53,13 +53,9 @@ def _unwritable(folder: Path, exc: OSError, name: str | None = None) -> Envbuild
 
 
 def check_replaceable(path: Path, option: str, force: bool = False) -> None:
-    """Before work whose result goes to PATH (`lock --lock FILE`): refuse a file envbuilder did not
-    write, unless FORCE."""
-    path = Path(path)
-    if path.is_file() and not path.is_symlink() and not force and not written_by_envbuilder(path):
-        raise EnvbuilderError(option, f"{path} was not written by envbuilder (it has no envbuilder header); "
-                              "replacing it would lose your file",
-                              f"move {path} away, give another path, or give --force to replace it")
+    """Before work whose result goes to PATH (`lock --lock FILE`): refuse a link, anything but a
+    plain file, and a file envbuilder did not write unless FORCE."""
+    safewrite.precheck(path, option=option, replace=_ours(None), force=force)
 
 
 def _check_paths(folder: Path, files: dict[str, bytes], force: bool = False) -> None:
@@ -161,93 +157,95 @@ def write_folder(folder: Path, files: dict[str, bytes], *, complete: bool = Fals
     except OSError as exc:
         raise _unwritable(folder, exc) from None
     _check_paths(folder, files, force)
-    return _update(folder, files, complete, note or _note)
+    return _update(folder, files, complete, note or _note, force)
 
 
 def _note(text: str) -> None:
-    print(f"note: {text}", file=sys.stderr)
+    print(f"note: {escape_controls(text, keep_lines=True)}", file=sys.stderr)
 
 
-def _update(folder: Path, files: dict[str, bytes], complete: bool, note) -> list[Path]:
-    staged: list[tuple[str, Path, str]] = []       # (tmp, target, name)
+def _update(folder: Path, files: dict[str, bytes], complete: bool, note, force: bool = False) -> list[Path]:
+    """Every file staged beside its target first (each folder opened once, no link below FOLDER
+    followed: safewrite.py), then swapped in, each target checked again just before; a failure
+    puts the old files back."""
+    staged: list[tuple[int, str, Path, str]] = []    # (folder fd, tmp name, target, name)
     made_dirs: list[Path] = []
-    swapped: list[tuple[Path, str | None]] = []     # (target, backup or None when it was new)
+    fds: dict[str, int] = {}
+    swapped: list[tuple[int, Path, str | None]] = []  # (folder fd, target, backup or None when it was new)
     current = None
     try:
         for name, data in sorted(files.items()):
             current = name
             target = folder / name
-            for d in reversed(list(Path(name).parents)[:-1]):
-                if not (folder / d).exists():
-                    (folder / d).mkdir()
-                    made_dirs.append(folder / d)
-            staged.append((_stage(target, data, 0o755 if name in EXECUTABLE else 0o644), target, name))
-        for tmp, target, name in staged:
+            rel_parent = str(Path(name).parent)
+            if rel_parent not in fds:
+                fds[rel_parent] = safewrite.open_folder(folder, rel_parent, "--out", made_dirs)
+            fd = fds[rel_parent]
+            tmp = safewrite.stage(fd, target.name, data, 0o755 if name in EXECUTABLE else 0o644)
+            staged.append((fd, tmp, target, name))
+        for fd, tmp, target, name in staged:
             current = name
+            ours = None if force or name.split("/")[0] in OWNED else _ours(files[name])
+            shown = escape_controls(str(target))
+            safewrite.check_folder(fd, target.parent, "--out", folder)
+            exists = safewrite.check_target(fd, target.name, shown, "--out", ours or "any", force)
             backup = None
-            if target.exists():
-                backup = str(target.parent / f".{target.name}.old.{os.getpid()}.{secrets.token_hex(4)}")
-                os.link(target, backup)
-            swapped.append((target, backup))
-            os.replace(tmp, target)
+            if exists:
+                backup = f".{target.name}.old.{os.getpid()}.{secrets.token_hex(4)}"
+                os.link(target.name, backup, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+            swapped.append((fd, target, backup))
+            safewrite.commit(fd, tmp, target.name, shown, "--out", ours or "any", force)
     except (OSError, EnvbuilderError) as exc:
-        for target, backup in reversed(swapped):
+        for fd, target, backup in reversed(swapped):
             try:
                 if backup:
-                    os.replace(backup, target)
+                    os.replace(backup, target.name, src_dir_fd=fd, dst_dir_fd=fd)
                 else:
-                    target.unlink(missing_ok=True)
+                    os.unlink(target.name, dir_fd=fd)
             except OSError:
                 pass
-        for tmp, _, _ in staged:
-            Path(tmp).unlink(missing_ok=True)
+        for fd, tmp, _, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=fd)
         for d in reversed(made_dirs):
             shutil.rmtree(d, ignore_errors=True)
+        for fd in fds.values():
+            os.close(fd)
         if isinstance(exc, EnvbuilderError):
             raise
         raise _unwritable(folder, exc, current) from None
     except BaseException:
-        for tmp, _, _ in staged:
-            Path(tmp).unlink(missing_ok=True)
+        for fd, tmp, _, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=fd)
+        for fd in fds.values():
+            os.close(fd)
         raise
-    for _, backup in swapped:
+    for fd, _, backup in swapped:
         if backup:
-            Path(backup).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                os.unlink(backup, dir_fd=fd)
+    for fd in fds.values():
+        os.close(fd)
     if complete:
         _drop_stale(folder, files, note)
-    return [target for _, target, _ in staged]
+    return [target for _, _, target, _ in staged]
 
 
-def _stage(target: Path, data: bytes, mode: int) -> str:
-    """A full copy of DATA beside TARGET (same file system, so os.replace is atomic); its path."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return tmp
+def _ours(new: bytes | None):
+    """safewrite's test of an existing file's head: envbuilder's marker, or exactly NEW."""
+    def test(head: bytes) -> bool:
+        return (new is not None and len(head) < _HEAD and head == new) or any(m.search(head) for m in MARKERS)
+    return test
 
 
-def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None) -> None:
-    """One file that a reader sees whole or not at all (a report, image.json): written beside
-    PATH, then renamed over it. MODE defaults to 0666 less the umask (a report is for sharing).
-    The one atomic file writer outside the image (the smoke suite inside it is stdlib-only and
-    has its own: smoke/common.py write_text_atomic)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if mode is None:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    tmp = _stage(path, data.encode() if isinstance(data, str) else data, mode)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def write_atomic(path: str | Path, data: str | bytes, mode: int | None = None, *, option: str = "write",
+                 replace: safewrite.Replace = "any", force: bool = False, inside: str | Path | None = None) -> None:
+    """One file that a reader sees whole or not at all (a report, image.json, a bundle, init -o):
+    safewrite.write_file (never through a link; REPLACE: what may be replaced). MODE defaults to
+    0666 less the umask (a report is for sharing). The one atomic file writer outside the image
+    (the smoke suite inside it is stdlib-only and has its own: smoke/common.py write_text_atomic)."""
+    safewrite.write_file(path, data, option=option, replace=replace, force=force, mode=mode, inside=inside)
 
 
 def _drop_stale(folder: Path, files: dict[str, bytes], note) -> None:

@@ -11,6 +11,8 @@ character can never be made safe in a line-oriented file, so it never reaches on
     docker_value(v)        Dockerfile ENV/LABEL value: "..." with $ escaped (literal) unless
                            ``expand`` (the components' own $PATH templates)
     docker_comment(v)      text after "# " on one line
+    comment_text(v)        any text (a path the user named) after "# " on one line: escaped,
+                           never refused (requirements and conda lists that `export` writes)
     one_line(v)            a component's shell command line inside a RUN step
     apptainer_export(k, v) one %environment line: export K='literal'
     apptainer_line(v)      one line of %labels / %help / %runscript / header text
@@ -27,10 +29,9 @@ from __future__ import annotations
 import re
 import shlex
 
-from .errors import EnvbuilderError
+from .errors import CONTROL_RE, EnvbuilderError, escape_controls
 from .redact import redact_url
 
-CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 VARIABLE_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # $NAME, ${NAME}, ${NAME:-} and ${NAME:+:$NAME} (a colon and the old value only when set): expansions
 # that run nothing
@@ -151,6 +152,17 @@ def docker_value(value: str, what: str = "value", *, expand: bool = False) -> st
 def docker_comment(value: str, what: str = "comment") -> str:
     """Text after `# ` on one comment line."""
     return _plain(value, what)
+
+
+def comment_text(value: str) -> str:
+    """Text after `# ` that stays on its line in any reader (pip, conda, YAML, a shell, a
+    terminal): a backslash becomes \\\\, each character of CONTROL_RE \\xNN or \\uNNNN. For text
+    that is the user's by nature (a folder name: a file system allows a newline in it), where
+    refusing would only refuse the user's own path."""
+    return escape_controls(str(value).replace("\\", "\\\\"))
+
+
+__all__ = ["CONTROL_RE", "escape_controls"]      # they live in errors.py (below this module), re-exported
 
 
 def one_line(value: str, what: str = "value") -> str:

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import EnvbuilderError
+from .errors import EnvbuilderError, escape_controls
 
 
 def _print_json(data) -> None:
@@ -117,7 +117,7 @@ def cmd_sites(args) -> int:
         return 1 if bad else 0
     width = max(len(r["name"]) for r in rows)
     for r in rows:
-        print(f"{r['name']:<{width}}  {r['description'] or '(no description)'}  [{r['where']}]")
+        print(escape_controls(f"{r['name']:<{width}}  {r['description'] or '(no description)'}  [{r['where']}]"))
     print("--site NAME takes one; looked in, in order: $ENVBUILDER_SITES, ./sites/, envbuilder's own")
     for r in bad:
         print(f"error: {r['error']}", file=sys.stderr)

@@ -274,3 +274,67 @@ def test_every_shell_script_of_the_repository_passes_shellcheck():
     assert len(scripts) >= 10, scripts          # the scan itself still finds them
     r = subprocess.run([exe, "-S", "warning", *map(str, scripts)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:]
+
+
+# --- files are written through safewrite.py (issue 47, item 2) ------------------------------------
+
+# The calls that create, replace or fill a file by path; a module holding one is either safewrite.py
+# or writes only where no one else can (a private temporary folder), said here with the count.
+# The smoke suite and conda_install.py run inside the image (stdlib only; the image is theirs).
+_LOW_WRITES_OS = {"replace", "rename", "link", "symlink", "open", "mkfifo", "truncate"}
+_LOW_WRITES_SHUTIL = {"copy", "copy2", "copyfile", "move", "copytree"}
+_LOW_WRITES_ATTR = {"write_text", "write_bytes", "touch", "symlink_to", "hardlink_to", "rename"}
+IN_IMAGE = ("envbuilder/smoke/", "envbuilder/lock/conda_install.py")
+PRIVATE_WRITERS = {
+    "envbuilder/safewrite.py": (14, "the helper: openat/renameat under one folder descriptor, O_NOFOLLOW"),
+    "envbuilder/output.py": (4, "a new output folder staged in a private mkdtemp, renamed whole; the "
+                                "backup links and their rollback through safewrite's folder descriptors"),
+    "envbuilder/engines/context.py": (6, "the build context: a private mkdtemp"),
+    "envbuilder/lock/pip.py": (1, "pip's constraints file in a TemporaryDirectory"),
+    "envbuilder/runtimes/sif.py": (1, "the manifest handed to ch-run, in a private mkdtemp"),
+    "envbuilder/runtimes/charliecloud.py": (2, "renames of whole directory images in the cache (a rename "
+                                               "replaces no file through a link)"),
+    "envbuilder/attest/commands.py": (1, "cosign attest's predicate in a TemporaryDirectory"),
+    "envbuilder/sif/build.py": (2, "the SIF's objects and the SIF itself in the private work folder "
+                                   "(safewrite.place moves the SIF out)"),
+    "envbuilder/sif/layers.py": (1, "a decompressed layer in the private work folder"),
+    "envbuilder/sif/layout.py": (1, "the SIF being made, in the private work folder (r+b)"),
+}
+
+
+def _low_writes(tree) -> list[int]:
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name) and f.id == "open":
+            modes = list(node.args[1:2]) + [k.value for k in node.keywords if k.arg == "mode"]
+            if any(not isinstance(m, ast.Constant) or set(str(m.value)) & set("wax+") for m in modes):
+                lines.append(node.lineno)
+        elif isinstance(f, ast.Attribute):
+            base = f.value.id if isinstance(f.value, ast.Name) else None
+            if (base == "os" and f.attr in _LOW_WRITES_OS) or (base == "shutil" and f.attr in _LOW_WRITES_SHUTIL) \
+                    or (base == "tempfile" and f.attr in ("mkstemp", "NamedTemporaryFile")) \
+                    or f.attr in _LOW_WRITES_ATTR:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_files_are_written_through_safewrite_or_in_a_private_folder():
+    found = {}
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG.parent).as_posix()
+        if rel.startswith(IN_IMAGE):
+            continue
+        lines = _low_writes(ast.parse(path.read_text(encoding="utf-8")))
+        if lines:
+            found[rel] = len(lines)
+    expected = {rel: count for rel, (count, _why) in PRIVATE_WRITERS.items()}
+    assert found == expected, (
+        "a module writes a file without envbuilder/safewrite.py (write_file, place, open_new; or "
+        "output.write_atomic / write_folder): use it, or, for a private temporary folder only, list the "
+        f"module in PRIVATE_WRITERS with its count and why. Found {found}")
+    # and the scan sees what it must
+    assert _low_writes(ast.parse("open(p, 'w')\nopen(p)\nx.write_text('')\nos.replace(a, b)\n'a'.replace('b', 'c')")) \
+        == [1, 3, 4]

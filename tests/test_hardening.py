@@ -422,15 +422,15 @@ def test_a_failed_update_puts_every_old_file_back_and_names_the_file(tmp_path, m
     # a failure during the swap itself (a full disk, a file system gone read-only): the files
     # swapped in so far go back. Fault injection: the third rename fails.
     (folder / "manifest.json").rmdir()
-    real, calls = os.replace, []
+    real, calls = os.rename, []
 
-    def failing(src, dst):
+    def failing(src, dst, **kw):
         calls.append(dst)
         if len(calls) == 3:
             raise OSError(28, "No space left on device")
-        return real(src, dst)
+        return real(src, dst, **kw)
 
-    monkeypatch.setattr(os, "replace", failing)
+    monkeypatch.setattr(os, "rename", failing)
     with pytest.raises(EnvbuilderError) as exc:
         write_folder(folder, {"Dockerfile": b"new", "job.sbatch": b"new", "manifest.json": b"{}"}, complete=True,
                      force=True)     # the files have no envbuilder header: this tests the swap

@@ -87,7 +87,9 @@ def sign(statement_path: str, key: str, image: str, fmt: str = "auto") -> str:
                                   f"is of sha256:{subject}", "sign the attestation of this image")
     if fmt == "cosign":
         bundle = Path(f"{statement_path}.bundle")
-        cosign.sign_blob(Path(statement_path), keyp, bundle)
+        with tempfile.TemporaryDirectory(prefix="envbuilder-sign-") as tmp:  # cosign writes where we own
+            cosign.sign_blob(Path(statement_path), keyp, Path(tmp) / "bundle")
+            write_atomic(bundle, (Path(tmp) / "bundle").read_bytes(), option="attest sign")
         if is_provenance:
             return (f"signed: {bundle} (cosign bundle of the build provenance; check: cosign verify-blob --key PUB "
                     f"--bundle {bundle} --insecure-ignore-tlog=true {statement_path})")

@@ -23,10 +23,11 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
-from .. import emulation
+from .. import emulation, safewrite
 from ..errors import CheckFailed, EnvbuilderError
 from ..sif import layout
 from ..render.apptainer import ARCHIVES, archive_commands, archive_name
@@ -175,15 +176,24 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     arch = output.stack.spec.target_arch
     emulation.require_runnable(arch, "arch", f"apptainer build ({arch} image: %post and %test)")
     log_path = folder / LOG_NAME
-    started = time.monotonic()
-    with open(log_path, "w", encoding="utf-8") as log:
-        log.write(f"$ {_shown(folder, cmd)}\n")
-        log.flush()
-        code = subprocess.run(cmd, cwd=folder, stdout=log, stderr=subprocess.STDOUT).returncode
-    if code != 0:
-        raise CheckFailed("apptainer build", f"`{_shown(folder, cmd)}` failed (exit {code}); its last lines:\n    "
-                          + _last_lines(log_path), f"the full log is {log_path}")
     sif = folder / cmd[-2]
+    safewrite.precheck(sif, option="apptainer build", inside=folder)
+    started = time.monotonic()
+    # apptainer writes the .sif into a folder only this process writes; safewrite.place moves it
+    # (never through a link planted at NAME.sif)
+    private = Path(tempfile.mkdtemp(prefix=f".{sif.name}.", dir=folder))
+    try:
+        with safewrite.open_new(log_path, option="build log", inside=folder) as log:
+            log.write(f"$ {_shown(folder, cmd)}\n")
+            log.flush()
+            code = subprocess.run(cmd[:-2] + [str(private / sif.name), cmd[-1]], cwd=folder, stdout=log,
+                                  stderr=subprocess.STDOUT).returncode
+        if code != 0:
+            raise CheckFailed("apptainer build", f"`{_shown(folder, cmd)}` failed (exit {code}); its last lines:\n    "
+                              + _last_lines(log_path), f"the full log is {log_path}")
+        safewrite.place(private / sif.name, sif, option="apptainer build", inside=folder)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
     size, seconds = sif.stat().st_size, time.monotonic() - started
     built_arch = check_sif_arch(sif, arch)
     if not opts.quiet:

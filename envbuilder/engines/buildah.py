@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import safewrite
 from ..errors import CheckFailed, EnvbuilderError
 from ..output import write_atomic
 from ..render.manifest import image_tag
@@ -280,7 +281,7 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
                             opts.skip_wheels)
     log_path = folder / "build.log"
     try:
-        with open(log_path, "w", encoding="utf-8") as log:
+        with safewrite.open_new(log_path, option="build log", inside=folder) as log:
             first = _build_once(engine, context, tag, opts, epoch, log, stack)
             second = None
             if opts.check_reproducible:
@@ -303,7 +304,7 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
         # the same for every build of the lock), hence Docker's ID for this build
         proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True)
         info["docker_id"] = proc.stdout.strip() or None
-    write_atomic(folder / "image.json", json.dumps(info, indent=2) + "\n")
+    write_atomic(folder / "image.json", json.dumps(info, indent=2) + "\n", option="image.json", inside=folder)
     if not opts.quiet:
         size = f"{info['size_bytes'] / 1e6:.0f} MB, " if info["size_bytes"] else ""
         print(f"built {tag} with {engine.name} ({size}{info['build_seconds']:.0f} s); log {log_path}")
@@ -332,21 +333,28 @@ def export_image(engine_name: str, tag: str, kind: str, folder: Path) -> str:
     ``ch-convert -i oci``... ``docker-archive``: <folder>/image.docker.tar (``docker load``,
     ``apptainer build x.sif docker-archive://FILE``). The image keeps the tag given here."""
     binary = shutil.which(engine_name) or engine_name
+    private = None
     if kind == "docker":
         dest, where = f"docker-daemon:{tag}", f"docker-daemon:{tag}"
     elif kind in ARCHIVE_NAMES:
         path = folder.resolve() / ARCHIVE_NAMES[kind]
-        tmp = path.with_name(path.name + ".part")
-        tmp.unlink(missing_ok=True)
+        # written into a folder only this process writes, then moved (never through a link:
+        # safewrite.place); a failed export never leaves a half-written archive behind
+        private = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        tmp = private / path.name
         dest, where = f"{kind}:{tmp}:{tag}", str(path)
     else:
         raise EnvbuilderError("--export", f"unknown target {kind!r}", f"one of {', '.join(EXPORTS)}")
-    proc = subprocess.run([binary, "push", "--quiet", tag, dest], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise CheckFailed(f"{engine_name} push", f"could not write {where}: {proc.stderr.strip()[-500:]}",
-                          "for docker: is the Docker engine running? for archives: is there disk space?")
-    if kind in ARCHIVE_NAMES:
-        os.replace(tmp, where)      # a failed export never leaves a half-written archive behind
+    try:
+        proc = subprocess.run([binary, "push", "--quiet", tag, dest], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CheckFailed(f"{engine_name} push", f"could not write {where}: {proc.stderr.strip()[-500:]}",
+                              "for docker: is the Docker engine running? for archives: is there disk space?")
+        if private is not None:
+            safewrite.place(private / path.name, path, option="--export", inside=folder.resolve())
+    finally:
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
     return where
 
 

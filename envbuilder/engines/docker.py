@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import safewrite
 from ..errors import CheckFailed, EnvbuilderError
 from ..output import write_atomic
 from ..render.manifest import image_tag
@@ -167,7 +168,7 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     started = time.monotonic()
     shown_steps: set[str] = set()
     try:
-        with open(log_path, "w", encoding="utf-8") as log:
+        with safewrite.open_new(log_path, option="build log", inside=folder) as log:
             code, lines = _run_build(cmd, env, log, quiet, shown_steps)
             if code != 0 and _transient(lines):
                 # BuildKit in Docker 20.10 drops a build's session under heavy load ("no active
@@ -187,7 +188,7 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     image = client.images.get(tag)
     info = {"engine": "docker", "tag": tag, "id": image.id, "size_bytes": image.attrs.get("Size"),
             "build_seconds": round(seconds, 1), "log": str(log_path)}
-    write_atomic(folder / "image.json", json.dumps(info, indent=2) + "\n")
+    write_atomic(folder / "image.json", json.dumps(info, indent=2) + "\n", option="image.json", inside=folder)
     if not quiet:
         print(f"built {tag} ({image.id[:19]}, {info['size_bytes'] / 1e6:.0f} MB) in {seconds:.0f} s; log {log_path}")
     return info
@@ -209,6 +210,6 @@ def push(folder: Path, info: dict, ref: str) -> dict:
     repo = ref.rsplit(":", 1)[0] if ":" in ref.rsplit("/", 1)[-1] else ref
     pushed = {"ref": ref, "digest": found.group(1), "pinned": f"{repo}@{found.group(1)}"}
     record = {**info, "pushed": pushed}
-    write_atomic(folder / "image.json", json.dumps(record, indent=2) + "\n")
+    write_atomic(folder / "image.json", json.dumps(record, indent=2) + "\n", option="image.json", inside=folder)
     print(f"pushed {ref}: {pushed['pinned']}")
     return pushed

@@ -19,7 +19,6 @@ indexes them as a local channel and installs exactly those records with ``rattle
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import ssl
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import yaml
 
+from .. import safewrite
 from ..errors import CheckFailed, EnvbuilderError
 from ..paths import CONDA_PREFIX
 from ..spec.model import CONDA_CHANNEL_RE, CONDA_RANGE_RE, CONDA_RE
@@ -181,15 +181,16 @@ def _subdir(p: dict) -> str:
     return parts[-2] if len(parts) == 3 and parts[-2] in (PLATFORM, "noarch") else "noarch"
 
 
-def _download(url: str, dest: Path, ca_bundle: str | None) -> None:
+def _download(url: str, fh, ca_bundle: str | None) -> None:
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
-        shutil.copyfile(urllib.parse.unquote(parsed.path), dest)
+        with open(urllib.parse.unquote(parsed.path), "rb") as src:
+            shutil.copyfileobj(src, fh)
         return
     if parsed.scheme not in ("http", "https"):
         raise OSError(f"unsupported URL scheme {parsed.scheme!r}")
     ctx = ssl.create_default_context(cafile=ca_bundle) if ca_bundle else ssl.create_default_context()
-    with urllib.request.urlopen(url, timeout=120, context=ctx) as resp, open(dest, "wb") as fh:  # noqa: S310 - http(s) only
+    with urllib.request.urlopen(url, timeout=120, context=ctx) as resp:  # noqa: S310 - http(s) only
         shutil.copyfileobj(resp, fh)
 
 
@@ -198,6 +199,9 @@ def fetch(packages: list[dict], folder: Path, ca_bundle: str | None = None) -> l
     kept; any other file is removed), each checked against the lock's sha256: a mismatch raises
     CheckFailed naming the package, its url and the fix. Returns the files fetched now."""
     dest = folder / PKGS_DIR
+    if dest.is_symlink():
+        raise EnvbuilderError(str(dest), "is a symbolic link; envbuilder never writes or removes through a link",
+                              f"remove the link {dest} (envbuilder fetches the packages again)")
     dest.mkdir(parents=True, exist_ok=True)
     wanted = {_file(p): p for p in packages}
     for old in dest.iterdir():
@@ -214,7 +218,8 @@ def fetch(packages: list[dict], folder: Path, ca_bundle: str | None = None) -> l
             continue
         part = dest / f".{name}.part"
         try:
-            _download(p["url"], part, ca_bundle)
+            with safewrite.open_new(part, option=f"conda: {p['name']}", inside=folder, text=False) as fh:
+                _download(p["url"], fh, ca_bundle)
         except OSError as exc:
             part.unlink(missing_ok=True)
             raise CheckFailed(f"conda: {p['name']}", f"cannot fetch {p['url']}: {exc}",
@@ -227,7 +232,7 @@ def fetch(packages: list[dict], folder: Path, ca_bundle: str | None = None) -> l
                               f"{p['url']} has sha256 {got}, the lock has {want}: the file is not the one locked",
                               f"if the channel rebuilt it on purpose, re-lock it (envbuilder lock SPEC --update "
                               f"{p['name']}); otherwise restore the channel's file, then build again")
-        os.replace(part, target)
+        safewrite.place(part, target, option=f"conda: {p['name']}", inside=folder)
         fetched.append(name)
     return fetched
 

@@ -19,7 +19,7 @@ MAX_ENTRIES = 100_000
 
 
 def _text(n: int = 200) -> dict:
-    return {"type": "string", "pattern": f"[^\\x00-\\x1f\\x7f]{{0,{n}}}", "description": f"one line of text (at most {n} characters)"}
+    return {"type": "string", "pattern": f"[^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]{{0,{n}}}", "description": f"one line of text (at most {n} characters)"}
 
 
 def _s(pattern: str, what: str) -> dict:
@@ -47,7 +47,7 @@ NAME_S = _s(NAME, "a package name")
 VERSION_S = _s(VERSION, "a version")
 SHA_S = _s(SHA256, "64 hex digits")
 URL_S = _s(URL_RE.pattern, "a plain https URL")
-ANY_URL = _s(r"(?:https?|file)://[^\s\x00-\x1f\x7f\"'\\]{1,2048}", "an http(s):// or file:// URL")
+ANY_URL = _s(r"(?:https?|file)://[^\s\x00-\x1f\x7f-\x9f\"'\\]{1,2048}", "an http(s):// or file:// URL")
 
 INPUTS = _obj({
     "base": _map(STAGE, IMAGE_REF, "devel or runtime"),
@@ -89,7 +89,7 @@ PIP_ENTRY = _obj({"name": NAME_S, "version": VERSION_S, "file": _s(FILE, "a whee
 CONDA_PACKAGE = {"type": "object", "required": ["name", "version", "url", "hash"], "properties": {
     "name": NAME_S, "version": VERSION_S, "url": ANY_URL, "manager": _text(32), "platform": _text(32),
     "hash": _obj({"sha256": SHA_S, "md5": _s(r"[0-9a-f]{32}", "32 hex digits")}, required=("sha256",)),
-    "dependencies": _map(r"[^\x00-\x1f\x7f]{1,200}", _text(512), "a package name"),
+    "dependencies": _map(r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]{1,200}", _text(512), "a package name"),
     "category": _text(64), "optional": {"type": "boolean", "description": "true or false"},
 }}     # conda-lock's own format: further keys are its own
 CONDA = {"type": ["object", "null"], "required": ["lockfile"], "additionalProperties": False, "properties": {
@@ -97,9 +97,9 @@ CONDA = {"type": ["object", "null"], "required": ["lockfile"], "additionalProper
                       "metadata": {"type": "object", "description": "conda-lock's metadata"},
                       "package": _list(CONDA_PACKAGE)}, required=("version", "package")),
     "from": _text(300)}}
-NOTE = {"type": ["string", "null", "object"], "pattern": r"[^\x00-\x1f\x7f]{0,200}",
-        "propertyNames": _s(r"[^\x00-\x1f\x7f]{1,200}", "one line of text"),
-        "additionalProperties": {"type": ["string", "null"], "pattern": r"[^\x00-\x1f\x7f]{0,200}",
+NOTE = {"type": ["string", "null", "object"], "pattern": r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]{0,200}",
+        "propertyNames": _s(r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]{1,200}", "one line of text"),
+        "additionalProperties": {"type": ["string", "null"], "pattern": r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]{0,200}",
                                  "description": "one line of text (at most 200 characters)"},
         "description": "one line of text (at most 200 characters), or an object of them"}
 
@@ -111,7 +111,7 @@ LOCK_SCHEMA = {
         "name": _s(NAME, "a spec name"),
         "generated_by": _text(),
         "resolved_at": _s(TIME, "a time (YYYY-MM-DDTHH:MM:SSZ)"),
-        "resolvers": _map(r"[^\x00-\x1f\x7f]{1,200}", NOTE, "one line of text"),
+        "resolvers": _map(r"[^\x00-\x1f\x7f-\x9f\u2028\u2029]{1,200}", NOTE, "one line of text"),
         "inputs": INPUTS,
         "base": _map(STAGE, BASE_ENTRY, "devel or runtime"),
         "apt": _map(STAGE, _list(APT_ENTRY), "devel or runtime"),

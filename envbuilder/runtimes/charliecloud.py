@@ -13,6 +13,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+from .. import safewrite
 from ..errors import EXIT_CHECK_FAILED, EnvbuilderError
 from ..paths import SUITE_MODULE, VERIFY_MANIFEST
 from .base import Launch, Runtime, user_env
@@ -164,8 +165,8 @@ def docker_to_directory(docker: str, image: str, dest: Path) -> None:
                               exit_code=EXIT_CHECK_FAILED)
     env = subprocess.run([docker, "image", "inspect", image, "--format", "{{range .Config.Env}}{{println .}}{{end}}"],
                          capture_output=True, text=True, timeout=60, check=True).stdout
-    (dest / "ch").mkdir(exist_ok=True)
-    (dest / "ch" / "environment").write_text(env)
+    # the image's own tree: a link in it (ch -> /somewhere) is refused, never followed
+    safewrite.write_file(dest / "ch" / "environment", env, option="charliecloud image", inside=dest)
     for folder, dirs, _files in os.walk(dest):
         for d in dirs:
             path = os.path.join(folder, d)
@@ -177,7 +178,7 @@ def docker_to_directory(docker: str, image: str, dest: Path) -> None:
             (dest / rel).mkdir()
     for rel in MOUNT_FILES:
         if not os.path.lexists(dest / rel):
-            (dest / rel).touch()
+            safewrite.write_file(dest / rel, b"", option="charliecloud image", replace="never", inside=dest)
 
 
 def remove_directory_image(path: Path) -> None:
@@ -231,8 +232,7 @@ class Charliecloud(Runtime):
         directory, owned = charliecloud_dir(t.image)
         if owned and t.manifest_path:
             dst = Path(directory) / VERIFY_MANIFEST.lstrip("/")
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(t.manifest_path, dst)
+            safewrite.write_file(dst, Path(t.manifest_path).read_bytes(), option="verify", inside=directory)
         argv, env = self.command(t, opts, suite, ch_directory=directory,
                                  ch_manifest=bool(owned and t.manifest_path))
         yield Launch(argv, env)

@@ -27,7 +27,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .. import __version__
+from .. import __version__, safewrite
 from ..errors import CheckFailed, EnvbuilderError
 from ..paths import MANIFEST_IN_IMAGE, SMOKE_DIR
 from . import layers, layout, metadata, rootfs
@@ -216,13 +216,14 @@ def make_sif(folder: Path, tag: str, *, docker: str = "docker", archive: Path | 
     name = sif_name(manifest)
     epoch = source_date_epoch(manifest)
     dest = folder / f"{name}.sif"
+    safewrite.precheck(dest, option="sif", inside=folder)
     if archive is None:
         check_room(folder, int(_image_size(docker, tag) * ROOM_FACTOR))
     else:
         metadata.definition("oci-archive", archive.name)       # a name that cannot go in Def.FILE
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix=f".{name}.sif-work.", dir=folder))
-    tmp_sif = work.parent / f".{name}.sif.partial-{os.getpid()}"
+    tmp_sif = work / f"{name}.sif"        # in the folder only this process writes; safewrite.place moves it
     try:
         from_engine = archive is None
         if from_engine:
@@ -251,7 +252,7 @@ def make_sif(folder: Path, tag: str, *, docker: str = "docker", archive: Path | 
         with open(tmp_sif, "rb+") as fh:
             os.fsync(fh.fileno())
         os.chmod(tmp_sif, 0o755)            # Apptainer's SIFs are executable (the launch line)
-        os.replace(tmp_sif, dest)
+        safewrite.place(tmp_sif, dest, option="sif", inside=folder)
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
             raise _no_room(folder, "writing the SIF") from None

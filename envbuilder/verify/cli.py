@@ -66,6 +66,9 @@ def check_report_path(option: str, value: str | None) -> None:
         return
     path = Path(value)
     fix = f"give {option} a file path in a folder you can write to (e.g. {option} reports/{path.name or 'report'})"
+    if path.is_symlink():
+        raise EnvbuilderError(option, f"{value} is a symbolic link; envbuilder never writes through a link "
+                              "(it could lead to a file elsewhere)", f"remove the link {value}, or give another path")
     if value.endswith(("/", os.sep)) or path.is_dir():
         raise EnvbuilderError(option, f"{value} is a folder; {option} writes one file", fix)
     if path.exists() and not path.is_file():
@@ -83,7 +86,7 @@ def check_report_path(option: str, value: str | None) -> None:
 
 def _write_report(option: str, path: str, text: str) -> None:
     try:
-        write_atomic(path, text)
+        write_atomic(path, text, option=option)
     except OSError as exc:
         raise EnvbuilderError(option, f"cannot write {path}: {exc.strerror or exc}",
                               f"give {option} a file path in a folder you can write to") from None

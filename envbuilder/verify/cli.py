@@ -112,6 +112,12 @@ def options(args) -> VerifyOptions:
 def run_local(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
     """The suite on this machine: in a docker/apptainer/charliecloud image or the host Python."""
     target = resolve_target(args.folder, args.image, args.runtime, manifest=args.manifest)
+    if getattr(args, "attest", None):
+        # the subject of --attest is taken BEFORE the run (attest/commands.py snapshot_subject):
+        # the statement names the bytes that ran, and an image changed meanwhile gets none
+        from ..attest.commands import snapshot_subject
+
+        args.attest_before = snapshot_subject(target.image)
     if isinstance(for_target(args.runtime, target.image), SifCharliecloud):
         # a .sif without Apptainer: charliecloud runs its SquashFS partition (runtimes/sif.py)
         target.runtime = "charliecloud"
@@ -169,7 +175,8 @@ def report_outcome(args, opts: VerifyOptions, target: Target, outcome: Outcome, 
         from ..attest.commands import attest_after_verify
 
         attested = attest_after_verify(report, target.image, target.manifest_path, args.attest,
-                                       nodes=getattr(args, "nodes", None) or 1, manifest=target.manifest)
+                                       nodes=getattr(args, "nodes", None) or 1, manifest=target.manifest,
+                                       before=getattr(args, "attest_before", None))
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
     else:

@@ -147,3 +147,47 @@ def test_the_rendered_job_binds_every_rank_to_the_checked_image(keys, tmp_path, 
     proc = subprocess.run([require_binary("shellcheck"), "-s", "bash", str(out / "job.sbatch")],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_a_job_rendered_without_the_lock_accepts_the_image_built_from_it(keys, tmp_path):
+    """The docs' key rotation re-renders job folders with `build --no-build`; a folder rendered
+    without the image's lock knows only the spec (`spec:` stack) while the image's statement is of
+    its lock (`lock:`). The statement also carries the spec's line (gate_spec), so the gate and
+    `attest check --folder` accept it; a statement without it names the fix (render with --lock)."""
+    from test_attest import MANIFEST, report
+
+    from envbuilder.attest.commands import attest_after_verify
+
+    manifest = json.loads(MANIFEST.read_text())
+    manifest["lock"] = {"sha256": "ab" * 32}
+    mpath = tmp_path / "manifest.json"
+    mpath.write_text(json.dumps(manifest))
+    image = tmp_path / "x.sif"
+    image.write_bytes(os.urandom(32 * 1024))
+    att = Path(f"{image}.att.json")
+    attest_after_verify(report(), str(image), mpath, str(att))
+    st = json.loads(att.read_text())
+    assert st["predicate"]["stack"]["id"] == "lock:" + "ab" * 32 and st["predicate"]["stack"]["spec_id"].startswith("spec:")
+    r = run_envbuilder("attest", "sign", str(att), "--key", str(keys["site"][0]), "--image", str(image), env=ENV)
+    assert r.code == 0, r.err
+    folder = gated_folder(tmp_path, "require", keys["site"][1])      # --no-build, no lock in it
+    text = (folder / "job.sbatch").read_text()
+    stack = next(l for l in text.splitlines() if l.startswith("ATTEST_STACK=")).split("=", 1)[1]
+    assert stack == st["predicate"]["stack"]["spec_id"], (stack, st["predicate"]["stack"])
+    program = gate_program(tmp_path, keys["site"][1])
+    ok = run_gate(program, "gate", str(image), str(att), stack, str(keys["site"][1]))
+    assert ok.returncode == 0 and ok.stdout.startswith("ok|"), ok.stdout + ok.stderr
+    r = run_envbuilder("attest", "check", "--image", str(image), "--key", str(keys["site"][1]), "--folder", str(folder))
+    assert r.code == 0 and "attestation ok:" in r.out, r.err
+    # a statement of another lock's stack AND another spec is still another stack
+    other = run_gate(program, "gate", str(image), str(att), "spec:" + "c" * 64, str(keys["site"][1]))
+    assert other.returncode == 2 and other.stdout.startswith("refuse:other stack: "), other.stdout
+    # a statement written before gate_spec existed: refused, naming the fix
+    del st["predicate"]["gate_spec"], st["predicate"]["stack"]["spec_id"]
+    from envbuilder.attest.statement import dumps
+
+    att.write_text(dumps(st))
+    r = run_envbuilder("attest", "sign", str(att), "--key", str(keys["site"][0]), "--image", str(image), env=ENV)
+    assert r.code == 0, r.err
+    r = run_envbuilder("attest", "check", "--image", str(image), "--key", str(keys["site"][1]), "--folder", str(folder))
+    assert r.code == 2 and "other stack" in r.err and "--no-build --lock" in r.err, r.err

@@ -48,7 +48,8 @@ PREDICATE_SHAPE = {
         "result": {"type": "string"},
         "gate": {"type": "string"},
         "checks": {"type": "array", "maxItems": 10000},
-        "stack": {"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}},
+        "stack": {"type": "object", "required": ["id"],
+                  "properties": {"id": {"type": "string"}, "spec_id": {"type": "string", "description": "spec:HEX"}}},
         "summary": {"type": ["object", "null"], "description": "the counts of verify's checks (an object)"},
         "time": {"type": ["string", "null"], "description": "a UTC time (text)"},
         # the registry form: the image verify ran (its ID), as `attest sign` records it

@@ -68,8 +68,12 @@ def check_statement(statement: dict, digest: str | None, stack: str | None, wher
         raise refuse(f"verify failed: the attestation {where} lists a check that did not pass",
                      "run envbuilder verify until it passes, then attest that run")
     got = pred["stack"]["id"]
-    if stack is not None and got != stack:
-        raise refuse(f"other stack: the attestation {where} is of stack {got}, this job's is {stack}",
+    also = pred["stack"].get("spec_id")     # the spec's image part, for a job rendered without the lock
+    if stack is not None and got != stack and not (stack.startswith("spec:") and also == stack):
+        hint = (" (this job folder was rendered without the image's lock: render it with the lock, "
+                "envbuilder build SPEC --no-build --lock FOLDER/envbuilder.lock)"
+                if stack.startswith("spec:") and got.startswith("lock:") else "")
+        raise refuse(f"other stack: the attestation {where} is of stack {got}, this job's is {stack}{hint}",
                      "attest an image built from this stack's lock, or rebuild the job folder from the image's spec")
     return digest if digest is not None else digests[0]
 

@@ -125,6 +125,15 @@ def read_attestation(sif: Path, shown: Path | None = None) -> str | None:
         raise EnvbuilderError("--image", f"{shown or sif} holds {len(found)} envbuilder attestations, one is expected",
                               "sign a fresh copy of the SIF")
     oid, size = found[0]
+    # the statement must lie in the group of the root file system (the one signature covers
+    # both); in a group of its own, a signed attestation of one image could sit beside another's
+    # file system
+    group = next((g for i, g, _, _ in objects(sif) if i == oid), None)
+    fs_groups = {g for _, g, _, kind in objects(sif) if kind.startswith("FS")}
+    if group not in fs_groups:
+        raise EnvbuilderError("attestation", f"no attestation: the attestation in {shown or sif} is in object group "
+                              f"{group}, not in the root file system's ({', '.join(sorted(fs_groups)) or 'none'})",
+                              "envbuilder attest sign --format apptainer on a fresh copy of the SIF (group 1)")
     if size > MAX_BYTES:
         raise EnvbuilderError("--image", f"the attestation in {shown or sif} is {size} bytes, more than {MAX_BYTES} "
                               f"({MAX_BYTES // (1 << 20)} MiB)", "sign a fresh copy with the attestation verify wrote")

@@ -57,7 +57,7 @@ GATE_PROGRAM = [
     '    d=$("$SHA" <&3) || refuse "cannot hash the image $f"',
     '    fp1=$(fp /dev/fd/3); fpp=$(fp "$f" 2>/dev/null || true)',
     '    exec 3<&-',
-    '    [ "$fp0" = "$fp1" ] && [ "$fp0" = "$fpp" ] || refuse "digest differs: $f changed while it was checked (size, time or inode)"',
+    '    { [ "$fp0" = "$fp1" ] && [ "$fp0" = "$fpp" ]; } || refuse "digest differs: $f changed while it was checked (size, time or inode)"',
     '    DIGEST=${d%% *} FP=$fp0',
     "}",
     'case $mode in',
@@ -83,11 +83,12 @@ GATE_PROGRAM = [
     '    [ "$size" -le "$max" ] || refuse "$1 is more than $max (1 MiB) bytes: not an attestation"',
     "}",
     "# the statement's gate line of this stack (gate_spec: an image built from a lock, for a job",
-    "# rendered without the lock: the spec's own id)",
-    'gate_line() { printf \'  "%s": "result=passed subject=sha256:%s stack=%s",\' "$2" "$1" "$stack"; }',
+    "# rendered without the lock: the spec's own id); no stack (the site's prolog): any stack's gate line",
+    'if [ -n "$stack" ]; then key_re=\'gate(_spec)?\' stack_re=$stack; else key_re=gate stack_re=\'(lock|spec):[0-9a-f]{64}\'; fi',
+    'gate_re() { printf \'^  "%s": "result=passed subject=sha256:%s stack=%s",$\' "$key_re" "$1" "$stack_re"; }',
     "judge() {   # the statement copy $1 of sha256 $2 (grep reads the copy only)",
     '    local st=$1 d=$2 n',
-    '    n=$(grep -cFx -e "$(gate_line "$d" gate)" -e "$(gate_line "$d" gate_spec)" -- "$st" || true)',
+    '    n=$(grep -cE -- "$(gate_re "$d")" "$st" || true)',
     '    [ "$n" = 1 ] && return 0',
     '    if ! grep -qF "subject=sha256:$d " "$st"; then',
     '        refuse "digest differs: $image is sha256:$d; $3 is of another image (or the image changed after verify)"',
@@ -132,7 +133,7 @@ GATE_PROGRAM = [
     '    exec 3<&-',
     '    hash_image "$image"',
     '    [ "$FP" = "$before" ] || refuse "digest differs: $image changed while it was checked"',
-    '    n=$(grep -cE -- "$(printf \'^  "gate(_spec)?": "result=passed subject=sha256:[0-9a-f]{64} stack=%s",$\' "$stack")" "$tmp/att.json" || true)',
+    '    n=$(grep -cE -- "$(gate_re \'[0-9a-f]{64}\')" "$tmp/att.json" || true)',
     '    if [ "$n" != 1 ]; then',
     '        grep -qF \'"gate": "result=passed \' "$tmp/att.json" && refuse "other stack: the attestation in $image is not of this job\'s stack $stack"',
     '        refuse "verify failed: the attestation in $image records no passing verify"',
@@ -242,3 +243,84 @@ def launch_lines(plan: JobPlan) -> list[str]:
         "        exec \"$@\"' attest-rank \"${launch[@]}\")",
         "fi",
     ]
+
+
+# --- the site's gate: a Slurm prolog the submitter cannot skip ----------------------------------
+
+PROLOG_HEAD = r"""#!/bin/bash
+# envbuilder's attestation gate for the SITE (docs/attestation.md "The site's gate"): a Slurm
+# PrologSlurmctld (or node Prolog) that checks the image a job declares before the job starts,
+# with the same checking program as job.sbatch's gate, run as root in a clean environment. The
+# submitter can edit job.sbatch and its in-script gate; this runs in slurmctld/slurmd as root.
+#
+# The job declares its image:   sbatch --comment envbuilder-image=/abs/path/x.sif job.sbatch
+# (x.sif.att.json + x.sif.att.json.bundle beside it, or the statement inside the SIF).
+# Settings (root-owned, not writable by others): /etc/envbuilder/attestation-gate.conf, lines
+#   keys=/etc/envbuilder/keys/site.pub /etc/envbuilder/keys/next.pub
+#   policy=require                 # require | warn
+#   verified_dir=/shared/envbuilder-verified   # optional: a root-owned read-only copy per job
+# With verified_dir, the image is first copied to verified_dir/JOBID/ (root-owned, 0444) and the
+# COPY is hashed and checked: the job should run that copy (ENVBUILDER_IMAGE=verified_dir/JOBID/
+# NAME), which nobody but root can change. To make it the only image a job can run, restrict the
+# runtime too (Apptainer's `limit container paths` in apptainer.conf, setuid mode; or the ECL).
+# Remove the copy in the Epilog: rm -rf -- "verified_dir/$SLURM_JOB_ID".
+# Exit: 0 passed (or warn); 1 refused, the reason on stderr (slurmctld's log; the job is requeued
+# held: "launch failed requeued held"). A node Prolog's failure DRAINS the node: prefer
+# PrologSlurmctld=/etc/slurm/envbuilder-attestation-prolog.sh in slurm.conf.
+set -u
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+conf=/etc/envbuilder/attestation-gate.conf
+[ "${1:-}" = --conf ] && conf=$2          # tests and a site's own wrapper
+say() { echo "envbuilder-attestation-prolog: job ${SLURM_JOB_ID:-?}: $*" >&2; }
+fail() { say "refused: $*"; [ "$policy" = warn ] && exit 0; exit 1; }
+policy=require keys="" verified_dir=""
+[ -f "$conf" ] || { say "no $conf: nothing checked"; exit 1; }
+owner=$(stat -Lc %u -- "$conf") perm=$(stat -Lc %a -- "$conf")
+if [ "$owner" != 0 ] || [ $((8#$perm & 8#022)) != 0 ]; then say "$conf is not root-owned or is writable by others"; exit 1; fi
+while IFS='=' read -r k v; do
+    case $k in keys) keys=$v ;; policy) policy=$v ;; verified_dir) verified_dir=$v ;; esac
+done < <(grep -E '^(keys|policy|verified_dir)=' "$conf")
+case $policy in require|warn) ;; *) say "policy=$policy in $conf: require or warn"; exit 1 ;; esac
+read -r -a key_list <<< "$keys"
+[ "${#key_list[@]}" -gt 0 ] || { say "no keys= in $conf"; exit 1; }
+id=${SLURM_JOB_ID:-}
+case $id in ""|*[!0-9_]*) say "no SLURM_JOB_ID"; exit 1 ;; esac
+comment=${SLURM_JOB_COMMENT:-}
+[ -n "$comment" ] || comment=$(scontrol show job "$id" 2>/dev/null | sed -n 's/^ *Comment=//p' | head -n 1)
+image=""
+case $comment in envbuilder-image=/*) image=${comment#envbuilder-image=} ;; esac
+[ -n "$image" ] || fail "the job declares no image (sbatch --comment envbuilder-image=/abs/path/x.sif)"
+att=$image.att.json
+if [ -n "$verified_dir" ]; then
+    dest="$verified_dir/$id"
+    rm -rf -- "$dest"
+    { mkdir -p -- "$verified_dir" && mkdir -m 0755 -- "$dest"; } || fail "cannot make $dest"
+    [ -f "$image" ] || fail "the image $image is not a file"
+    cp -- "$image" "$dest/${image##*/}" || fail "cannot copy $image"
+    for f in "$att" "$att.bundle"; do
+        if [ -f "$f" ]; then head -c $((1048576 + 1)) -- "$f" > "$dest/${f##*/}"; fi
+    done
+    chmod 0444 -- "$dest"/*
+    image="$dest/${image##*/}" att="$dest/${att##*/}"
+fi
+IFS= read -r -d '' program <<'ENVBUILDER_GATE' || true
+"""
+
+PROLOG_TAIL = r"""ENVBUILDER_GATE
+out=$(/usr/bin/env -i PATH="$PATH" TMPDIR=/tmp /bin/bash --norc --noprofile -c "$program" envbuilder-gate \
+      gate "$image" "$att" "" "${key_list[@]}")
+case $out in
+    ok\|*) rest=${out#ok|}
+           say "attestation ok: $image sha256:${rest%%|*} (verify passed; signed by a site key)"
+           exit 0 ;;
+    refuse:*) fail "${out#refuse:}" ;;
+    *) fail "the check stopped without a verdict (${out:-no output})" ;;
+esac
+"""
+
+
+def prolog_script() -> str:
+    """The site's prolog (envbuilder/data/attestation-prolog.sh): the gate's program with a driver
+    that reads the job's declared image and the site's settings. The stack is the job's own
+    business (left empty: any stack of a passing verify signed by a site key)."""
+    return PROLOG_HEAD + "\n".join(GATE_PROGRAM) + "\n" + PROLOG_TAIL

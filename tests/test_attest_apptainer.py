@@ -98,3 +98,72 @@ def test_an_attestation_in_a_group_of_its_own_is_refused(node_dir):
     out = proc.stdout + proc.stderr
     assert "error: attestation: no attestation: the attestation in g2.sif is in object group 2" in proc.stderr, out
     assert "refuse:no attestation: the attestation in g2.sif is in object group 2" in proc.stdout, out
+
+
+def test_the_gate_on_the_two_node_apptainer_cluster_binds_every_node_and_rank(node_dir):
+    """The real job under Slurm 24.11 on 2 nodes with the real Apptainer (no cosign there): a
+    small SIF (Debian slim, by Apptainer from the engine) signed in its group passes the gate; the
+    ranks start through the per-rank check; staged (ENVBUILDER_STAGE_IMAGE=1), every node hashes
+    its node-local copy and passes; an image rewritten in place after signing is refused."""
+    import shutil
+    import time
+
+    from apptainer_build import BUILDER_UID, chown_tree
+    from conftest import RECIPES, run_envbuilder
+    from infra import (APPTAINER_CLUSTER_ROOT, BASE_IMAGE, apptainer_sbatch_until_done, require_apptainer_cluster)
+
+    require_apptainer_cluster()
+    work, run = node_dir
+    proc = subprocess.run([str(Path(__file__).resolve().parent.parent / "tools" / "apptainer-node"), "-v", str(work),
+                           "--", "bash", "-c", f"cd {work} && apptainer build -F slim.sif docker-daemon://{BASE_IMAGE} "
+                           ">/dev/null 2>&1 && chmod 666 slim.sif"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    att = write_statement(work / "slim.sif")
+    os.chmod(att, 0o666)
+    proc = run(f"python -m envbuilder attest sign {att.name} --key key.pem --image slim.sif --format apptainer")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shared = Path(APPTAINER_CLUSTER_ROOT) / "shared" / "tests" / f"attest-h4-{os.getpid()}-{time.strftime('%H%M%S')}"
+    shared.mkdir(parents=True)
+    try:
+        shutil.copy(work / "slim.sif", shared / "signed.sif")
+        shutil.copy(work / "pub.pem", shared / "site.pub")
+        site = (Path(__file__).resolve().parent.parent / "sites" / "minicluster-apptainer.yaml").read_text()
+        profile = shared / "site.yaml"
+        profile.write_text(site + f"\nattestation: require\nattestation_keys: [{shared / 'site.pub'}]\n")
+        r = run_envbuilder("build", str(RECIPES / "cpu-torch-horovod.yaml"), "--no-build", "--out",
+                           str(shared / "job"), "--site", str(profile))
+        assert r.code == 0, r.err
+        chown_tree(shared, BUILDER_UID)
+
+        def job(env: dict) -> tuple[int, str]:
+            code, job_id, err = apptainer_sbatch_until_done(
+                ["--nodes", "2", "--ntasks-per-node", "1", "job.sbatch", "cat", "/etc/debian_version"], shared / "job",
+                env={"ENVBUILDER_IMAGE": str(shared / "signed.sif"), **env}, timeout=300)
+            out = shared / "job" / f"cpu-torch-horovod-{job_id}.out"
+            return code, (out.read_text() if out.is_file() else err)
+
+        t0 = time.time()
+        code, log = job({})
+        assert code == 0 and "attestation ok:" in log and "apptainer verify: signed group" in log, log[-3000:]
+        assert log.count("12.") >= 2, log[-2000:]      # both ranks ran the image (Debian 12)
+        print(f"2-node gated job (apptainer form, small SIF): {time.time() - t0:.1f} s")
+        code, log = job({"ENVBUILDER_STAGE_IMAGE": "1"})
+        assert code == 0 and "attestation ok:" in log and log.count("12.") >= 2, log[-3000:]
+        assert "staged the image" in log, log[-2000:]
+        # rewritten in place after signing (one byte of the file system), times put back: refused
+        st = (shared / "signed.sif").stat()
+        _flip_at(shared / "signed.sif", st.st_size - 100)
+        os.utime(shared / "signed.sif", ns=(st.st_atime_ns, st.st_mtime_ns))
+        code, log = job({})
+        assert code == 2 and "envbuilder: error: attestation: " in log and "12." not in log, log[-2000:]
+        print(log.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def _flip_at(path: Path, offset: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        b = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([b[0] ^ 1]))

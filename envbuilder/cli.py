@@ -140,7 +140,10 @@ def cmd_sif(args) -> int:
         raise EnvbuilderError("--archive", f"no such file: {archive}",
                               "give a `docker save` or OCI image archive (buildah push IMAGE oci-archive:FILE)")
     require_tools()
-    tag = args.image or default_tag(manifest)
+    from .runtimes.docker import built_tag
+
+    # the image this folder's build made (image.json: build --tag), else the spec's default tag
+    tag = args.image or built_tag(folder) or default_tag(manifest)
     info = make_sif(folder, tag, docker=docker_cli(), archive=archive, quiet=args.json,
                     max_unpacked=args.max_unpacked_size)
     if args.json:

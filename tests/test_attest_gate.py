@@ -191,3 +191,41 @@ def test_a_job_rendered_without_the_lock_accepts_the_image_built_from_it(keys, t
     assert r.code == 0, r.err
     r = run_envbuilder("attest", "check", "--image", str(image), "--key", str(keys["site"][1]), "--folder", str(folder))
     assert r.code == 2 and "other stack" in r.err and "--no-build --lock" in r.err, r.err
+
+
+def test_the_charliecloud_job_finds_the_folders_sif_by_default(signed, keys, tmp_path):
+    """Under Slurm, no ENVBUILDER_IMAGE: the charliecloud job's default image is the folder's
+    <name>/ directory, else its <name>.sif (build --sif), as the docs say; the gate checks that
+    .sif (then the random bytes are no SIF, which the job names: nothing ran)."""
+    import shutil
+
+    from infra import require_slurm, sbatch_until_done
+
+    require_slurm()
+    image, att = signed
+    folder = gated_folder(tmp_path, "require", keys["site"][1])
+    sif = folder / "cpu-torch-horovod.sif"
+    shutil.copy(image, sif)
+    shutil.copy(att, f"{sif}.att.json")
+    shutil.copy(f"{att}.bundle", f"{sif}.att.json.bundle")
+    assert "ENVBUILDER_IMAGE" not in os.environ
+    code, job_id, err = sbatch_until_done(["--output", str(folder / "slurm-%j.out"), str(folder / "job.sbatch")],
+                                          cwd=folder, env={}, timeout=240)
+    log = (folder / f"slurm-{job_id}.out").read_text()
+    assert f"attestation ok: {sif} " in log, log
+
+
+def test_sif_takes_the_folders_built_tag_not_the_spec_default(tmp_path):
+    """`envbuilder sif FOLDER` makes the SIF of the image the folder's build made (image.json's
+    tag, e.g. build --tag), as verify does: here one the engine lacks, named in the message."""
+    from infra import require_binary
+
+    require_binary("siftool", "apt-get install siftool")
+    require_binary("tar2sqfs", "apt-get install squashfs-tools-ng")
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "manifest.json").write_text((RECIPES.parent / "images" / "cpu-torch-horovod" / "manifest.json").read_text())
+    (folder / "image.json").write_text(json.dumps({"engine": "docker", "tag": "envbuilder/custom-tag-h4:7",
+                                                   "id": "sha256:" + "a" * 64}))
+    r = run_envbuilder("sif", str(folder))
+    assert r.code == 1 and "envbuilder/custom-tag-h4:7" in r.err and "Traceback" not in r.err, r.err

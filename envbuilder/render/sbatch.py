@@ -88,6 +88,11 @@ def _paths(plan: JobPlan) -> list[str]:
     ]
     if plan.image:
         out.append(f'IMAGE="${{ENVBUILDER_IMAGE:-{_image_default(plan.image)}}}"')
+        suffix = plan.runtime.image_fallback_suffix
+        if suffix and not plan.image.from_spec:
+            out += [f"# no {plan.image.path} here: the folder's {plan.image.path}{suffix} (envbuilder build --sif)",
+                    f'if [ -z "${{ENVBUILDER_IMAGE:-}}" ] && [ ! -e "$IMAGE" ] && [ -f "$IMAGE{suffix}" ]; then '
+                    f'IMAGE="$IMAGE{suffix}"; fi']
         out += attestation.batch_lines(plan)     # the file as given, before a runtime mounts it
         out += plan.runtime.check_image
         out.append("export IMAGE   # node_setup checks it on every node")

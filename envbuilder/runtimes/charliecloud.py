@@ -202,6 +202,7 @@ class Charliecloud(Runtime):
     in_job = True
     in_verify = True
     hint = "convert it with: ch-convert -i docker envbuilder/NAME:TAG DIR"
+    image_fallback_suffix = ".sif"   # the folder's <name>.sif (build --sif) when there is no <name>/ directory
 
     def default_image(self, manifest, folder, cwd):
         from .docker import built_tag

@@ -230,7 +230,7 @@ def launch_lines(plan: JobPlan) -> list[str]:
     """Each rank, on the host, checks the image's fingerprint against its node's record right
     before the runtime opens it (launch[] prefixed). pyxis opens the image inside srun itself
     (launch[] is empty): its last check is node_setup's."""
-    if plan.attestation is None or plan.runtime.name == "pyxis":
+    if plan.attestation is None or not plan.runtime.launches_on_host:
         return []
     return [
         "# Attestation: every rank checks, just before the runtime opens the image, that it is the file",

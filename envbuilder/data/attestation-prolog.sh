@@ -90,7 +90,11 @@ node|rank)
 esac
 # mode gate: IMAGE ATTESTATION STACK KEY...
 image=$1 att=$2 stack=$3; shift 3
-tmp=$(umask 077; mktemp -d "${TMPDIR:-/tmp}/envbuilder-gate.XXXXXX") || refuse "cannot make a private folder in ${TMPDIR:-/tmp}"
+# the private folder: under TMPDIR only when it is ours and nobody else can write it (else /tmp,
+# whose sticky bit keeps others from moving our folder away)
+base=${TMPDIR:-/tmp}
+if [ "$base" != /tmp ] && ! { [ -d "$base" ] && [ -O "$base" ] && [ $((8#$("$STAT" -c %a -- "$base") & 8#022)) = 0 ]; }; then base=/tmp; fi
+tmp=$(umask 077; mktemp -d "$base/envbuilder-gate.XXXXXX") || refuse "cannot make a private folder in $base"
 trap 'rm -rf "$tmp"' EXIT
 export HOME=$tmp
 # one read of each file into the private folder, at most max + 1 bytes (never a FIFO's wait)

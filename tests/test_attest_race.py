@@ -217,3 +217,32 @@ def test_sign_refuses_what_is_no_plain_file_at_the_bundle_path(signed, keys, pla
     r = run_envbuilder("attest", "sign", str(att), "--key", str(keys["site"][0]), "--image", str(image), env=ENV,
                        timeout=60)
     assert r.code == 2 and "is not a plain file" in r.err and "Traceback" not in r.err, r.err
+
+
+def test_the_job_gate_binds_its_verdict_to_the_image_it_hashed_under_a_swapping_writer(signed, keys, tmp_path):
+    """The image itself swapped by rename (the signed bytes A and other bytes B of the same size)
+    while the gate runs: every `ok` names A's digest and A's inode in its fingerprint (what node
+    and rank then compare), never B's; the other runs are refused."""
+    image, att = signed
+    pub = keys["site"][1]
+    program = gate_program(tmp_path, pub)
+    stack = json.loads(att.read_text())["predicate"]["stack"]["id"]
+    a, b = tmp_path / "imgA", tmp_path / "imgB"
+    a.write_bytes(image.read_bytes())
+    b.write_bytes(os.urandom(a.stat().st_size))
+    want = hashlib.sha256(a.read_bytes()).hexdigest()
+    inode_a = a.stat().st_ino
+
+    def step() -> str:
+        proc = run_gate(program, "gate", str(image), str(att), stack, str(pub))
+        if proc.stdout.startswith("ok|"):
+            _, digest, fp, _, _ = proc.stdout.strip().split("|")
+            if digest != want or int(fp.split()[-1]) != inode_a:
+                return "passed_unsigned"
+            return "ok"
+        assert proc.returncode == 2 and proc.stdout.startswith("refuse:"), proc.stdout + proc.stderr
+        return "refused"
+
+    with Swapper(a, b, image):
+        counts = _loop("job gate, the image swapped by rename", step)
+    assert counts["passed_unsigned"] == 0, counts

@@ -127,6 +127,20 @@ def run_local(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
     return target, run_suite(target, opts), where
 
 
+def _snapshot_before_slurm(args) -> None:
+    """verify --slurm --attest: a file image's subject taken before the job runs (as run_local
+    does), so the statement names the bytes the job ran, and a file changed meanwhile gets none."""
+    from ..attest.commands import snapshot_subject
+    from ..attest.subject import is_file_image
+
+    try:
+        t = resolve_target(args.folder, args.image, args.runtime, manifest=args.manifest)
+    except EnvbuilderError:
+        return              # the run itself names the problem
+    if t.image and is_file_image(t.image):
+        args.attest_before = snapshot_subject(str(Path(t.image).resolve()))
+
+
 SuiteRunner = Callable[[argparse.Namespace, VerifyOptions], "tuple[Target, Outcome, str]"]
 
 
@@ -136,6 +150,8 @@ def run(args, suite_runner: SuiteRunner | None = None) -> int:
     table, JSON, JUnit and exit codes."""
     opts = options(args)
     if suite_runner is None and getattr(args, "slurm", False):
+        if getattr(args, "attest", None):
+            _snapshot_before_slurm(args)
         # through the folder's job.sbatch: envbuilder/verify/slurm.py
         req = SlurmRequest(folder=args.folder, manifest=args.manifest, image=args.image, runtime=args.runtime,
                            nodes=args.nodes, partition=args.partition, account=args.account,

@@ -294,7 +294,11 @@ PRIVATE_WRITERS = {
     "envbuilder/runtimes/sif.py": (1, "the manifest handed to ch-run, in a private mkdtemp"),
     "envbuilder/runtimes/charliecloud.py": (2, "renames of whole directory images in the cache (a rename "
                                                "replaces no file through a link)"),
-    "envbuilder/attest/commands.py": (1, "cosign attest's predicate in a TemporaryDirectory"),
+    "envbuilder/attest/commands.py": (1, "cosign attest's predicate in a TemporaryDirectory; the SIF "
+                                         "copied into a private mkdtemp beside it (opened 'xb')"),
+    "envbuilder/attest/bounded.py": (2, "reads (os.open with the caller's read flags) and the private "
+                                        "copies of what was read, in a 0700 folder it made"),
+    "envbuilder/attest/sifsign.py": (1, "the SIF opened read-only once (os.open, O_RDONLY)"),
     "envbuilder/sif/build.py": (2, "the SIF's objects and the SIF itself in the private work folder "
                                    "(safewrite.place moves the SIF out)"),
     "envbuilder/sif/layers.py": (1, "a decompressed layer in the private work folder"),

@@ -479,3 +479,102 @@ def test_a_sif_apptainer_pulled_by_the_attested_digest_passes_and_by_tag_or_anot
     finally:
         for tag, _ref in refs.values():
             subprocess.run([docker, "rmi", tag], capture_output=True)
+
+
+# --- the registry form: a digest tied to the statement's image ------------------------------------
+
+@pytest.fixture(scope="module")
+def pushed(keys):
+    """Two small images pushed to the loopback registry by digest: {name: (tag, REPO@sha256:D, image ID)};
+    the local tag is removed again, so the digest is tied through the registry's manifest."""
+    import re
+
+    from infra import BASE_IMAGE, PLAIN_BASE_IMAGE, docker_cli, require_registry
+
+    registry = require_registry()
+    docker = docker_cli()
+    repo = f"{registry}/envbuilder-tests/attest-tie-{os.getpid()}"
+    out = {}
+    for name, source in (("slim", BASE_IMAGE), ("plain", PLAIN_BASE_IMAGE)):
+        tag = f"{repo}:{name}"
+        subprocess.run([docker, "tag", source, tag], check=True, capture_output=True)
+        push = subprocess.run([docker, "push", tag], capture_output=True, text=True, timeout=600)
+        assert push.returncode == 0, push.stderr
+        ident = subprocess.run([docker, "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True,
+                               text=True, check=True).stdout.strip().removeprefix("sha256:")
+        out[name] = (tag, f"{repo}@" + re.search(r"digest: (sha256:[0-9a-f]{64})", push.stdout).group(1), ident)
+    yield out
+    for tag, _, _ in out.values():
+        subprocess.run([docker, "rmi", tag], capture_output=True)
+
+
+def test_registry_sign_refuses_a_digest_of_another_image_and_one_it_cannot_tie(pushed, keys, tmp_path):
+    """`attest sign --image REPO@sha256:D`: D's image (the engine's, or the registry manifest's
+    config digest) must be the statement's subject; a digest neither knows is refused, never
+    signed on trust."""
+    from infra import docker_cli
+
+    tag, _, _ = pushed["slim"]
+    att = tmp_path / "slim.att.json"
+    attest_after_verify(report(), tag, MANIFEST, str(att))
+    subprocess.run([docker_cli(), "rmi", pushed["plain"][0]], capture_output=True)   # only the registry knows it now
+    key = str(keys["site"][0])
+    err = refused(run_envbuilder("attest", "sign", str(att), "--key", key, "--image", pushed["plain"][1], env=ENV),
+                  "digest differs")
+    assert pushed["plain"][2] in err, err
+    unknown = pushed["plain"][1].rsplit("@", 1)[0] + "@sha256:" + "0" * 64
+    refused(run_envbuilder("attest", "sign", str(att), "--key", key, "--image", unknown, env=ENV), "cannot tie")
+
+
+def test_registry_check_never_passes_a_statement_signed_onto_another_image(pushed, keys, tmp_path):
+    """A passing statement attested with cosign itself onto a bare base's digest (what `attest
+    sign` refuses): `attest check --image` names it `digest differs`, never `passed verify`; the
+    attestation of the right image passes, and another key is `wrong key`, not `no attestation`."""
+    tag, ref, ident = pushed["slim"]
+    att = tmp_path / "slim.att.json"
+    attest_after_verify(report(), tag, MANIFEST, str(att))
+    st = json.loads(att.read_text())
+    predicate = dict(st["predicate"], verified=st["subject"][0])
+    pred = tmp_path / "predicate.json"
+    pred.write_text(json.dumps(predicate))
+    key, pub = keys["site"]
+    proc = subprocess.run(["cosign", "attest", "--key", str(key), "--type", st["predicateType"], "--predicate",
+                           str(pred), "--use-signing-config=false", "--tlog-upload=false", "--yes",
+                           "--allow-insecure-registry", pushed["plain"][1]], capture_output=True, text=True,
+                          env={**os.environ, **ENV}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    err = refused(check(pushed["plain"][1], pub), "attestation: digest differs")
+    assert "signed onto another image" in err, err
+    r = run_envbuilder("attest", "sign", str(att), "--key", str(key), "--image", ref, env=ENV)
+    assert r.code == 0, r.err
+    r = check(ref, pub)
+    assert r.code == 0 and "[cosign registry attestation]" in r.out, r.err
+    refused(check(ref, keys["attacker"][1]), "attestation: wrong key: ")
+    unattested = ref.rsplit("@", 1)[0] + "@sha256:" + "1" * 64
+    refused(check(unattested, pub), "attestation: no attestation: ")
+
+
+def test_verify_attest_names_the_bytes_that_ran_and_none_when_the_image_changed_meanwhile(tmp_path):
+    """`verify --attest` takes its subject BEFORE the run (attest/commands.py snapshot_subject):
+    the statement names the file as verify started it; a file rewritten or replaced while the
+    suite ran gets no statement (same size and mtime put back included: the ctime moved)."""
+    from envbuilder.attest.commands import snapshot_subject
+
+    image = tmp_path / "x.sif"
+    image.write_bytes(os.urandom(4096))
+    want = hashlib.sha256(image.read_bytes()).hexdigest()
+    before = snapshot_subject(str(image))
+    out = tmp_path / "x.att.json"
+    msg = attest_after_verify(report(), str(image), MANIFEST, str(out), before=before)
+    assert out.is_file() and json.loads(out.read_text())["subject"][0]["digest"]["sha256"] == want, msg
+    out.unlink()
+    st = image.stat()
+    _flip(image, 10)
+    os.utime(image, ns=(st.st_atime_ns, st.st_mtime_ns))
+    msg = attest_after_verify(report(), str(image), MANIFEST, str(out), before=before)
+    assert msg.startswith("no attestation written: ") and "changed while verify ran" in msg, msg
+    assert not out.exists()
+    replaced = tmp_path / "y.sif"
+    replaced.write_bytes(image.read_bytes())
+    os.replace(replaced, image)
+    assert "changed while verify ran" in attest_after_verify(report(), str(image), MANIFEST, str(out), before=before)

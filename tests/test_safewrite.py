@@ -120,10 +120,9 @@ def w_attest_bundle(tmp_path, link, capsys, monkeypatch):
     statement.write_text("{}")
     digest = "b" * 64
     monkeypatch.setattr(commands, "check_key", lambda key, private: Path(key))
-    monkeypatch.setattr(commands.bounded, "load", lambda path, what: (
-        "{}", {"predicateType": "x", "predicate": {"result": "passed"},
-               "subject": [{"digest": {"sha256": digest}}]}))
-    monkeypatch.setattr(commands, "file_sha256", lambda path: digest)
+    monkeypatch.setattr(commands.bounded, "parse", lambda text, what, path: {
+        "predicateType": "x", "predicate": {"result": "passed"}, "subject": [{"digest": {"sha256": digest}}]})
+    monkeypatch.setattr(commands, "stable_file_sha256", lambda path, *a: digest)
     monkeypatch.setattr(cosign, "sign_blob", lambda st, key, bundle: Path(bundle).write_text('{"bundle": 1}'))
     return _call(commands.sign, str(statement), str(tmp_path / "key"), str(sif), "cosign")
 

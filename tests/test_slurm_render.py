@@ -561,7 +561,7 @@ def test_an_apptainerenv_library_path_set_before_the_job_is_kept_and_said(tmp_pa
 
 
 @pytest.mark.parametrize("present, env_image, expect", [
-    ("cpu-torch-ddp.sif", None, "running {d}/cpu-torch-ddp.sif"),          # build --sif's file, found
+    ("cpu-torch-ddp.sif", None, "image {d}/cpu-torch-ddp.sif"),            # build --sif's file, found
     ("cpu-torch-ddp", None, "image {d}/cpu-torch-ddp"),                    # the directory wins
     ("cpu-torch-ddp.sif", "elsewhere", "image 'elsewhere' not found"),     # a named image is never swapped
     (None, None, "image '{d}/cpu-torch-ddp' not found"),

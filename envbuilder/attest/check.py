@@ -18,7 +18,7 @@ from ..errors import EnvbuilderError
 from . import bounded, cosign, sifsign
 from .keys import check_key
 from .statement import PASSED, VERIFY_PREDICATE
-from .subject import file_sha256, image_id
+from .subject import fingerprint, image_id, registry_config_digest, stable_file_sha256
 
 FIX_SIGN = "sign a passing verify's attestation with a trusted key: envbuilder attest sign (docs/attestation.md)"
 
@@ -68,8 +68,12 @@ def check_statement(statement: dict, digest: str | None, stack: str | None, wher
         raise refuse(f"verify failed: the attestation {where} lists a check that did not pass",
                      "run envbuilder verify until it passes, then attest that run")
     got = pred["stack"]["id"]
-    if stack is not None and got != stack:
-        raise refuse(f"other stack: the attestation {where} is of stack {got}, this job's is {stack}",
+    also = pred["stack"].get("spec_id")     # the spec's image part, for a job rendered without the lock
+    if stack is not None and got != stack and not (stack.startswith("spec:") and also == stack):
+        hint = (" (this job folder was rendered without the image's lock: render it with the lock, "
+                "envbuilder build SPEC --no-build --lock FOLDER/envbuilder.lock)"
+                if stack.startswith("spec:") and got.startswith("lock:") else "")
+        raise refuse(f"other stack: the attestation {where} is of stack {got}, this job's is {stack}{hint}",
                      "attest an image built from this stack's lock, or rebuild the job folder from the image's spec")
     return digest if digest is not None else digests[0]
 
@@ -86,6 +90,11 @@ def _verify_with(keys: list[Path], verify_one) -> tuple[Path | None, str]:
 
 def check_file(image: str, keys: list[str], attestation: str | None = None, bundle: str | None = None,
                stack: str | None = None) -> Passed:
+    """Read once, check those bytes, use those bytes: the statement and the bundle are each read
+    once into memory; cosign verifies private copies of exactly those bytes (a folder only this
+    process can write); exactly those bytes are parsed. The image is hashed through one open
+    descriptor, its fingerprint (size, times, inode) taken before and after: a file changed
+    while it was hashed is refused."""
     pubs = trusted_keys(keys)
     img = Path(image)
     if not img.is_file():
@@ -93,34 +102,48 @@ def check_file(image: str, keys: list[str], attestation: str | None = None, bund
     att = Path(attestation) if attestation else Path(f"{image}.att.json")
     text = bounded.read_text(att)
     bnd = Path(bundle) if bundle else Path(f"{att}.bundle")
-    if not bnd.is_file():
-        raise refuse(f"no attestation: {att} has no signature bundle {bnd}", FIX_SIGN)
-    bounded.read_text(bnd, "--bundle")
-    key, reason = _verify_with(pubs, lambda k: cosign.verify_blob(att, bnd, k))
+    bundle_text = bounded.read_bytes_once(bnd, "--bundle", missing=f"no attestation: {att} has no signature "
+                                          f"bundle {bnd}", fix=FIX_SIGN)
+    with bounded.private_dir() as tmp:
+        att_copy = bounded.private_copy(tmp, "statement.json", text)
+        bnd_copy = bounded.private_copy(tmp, "statement.json.bundle", bundle_text)
+        key, reason = _verify_with(pubs, lambda k: cosign.verify_blob(att_copy, bnd_copy, k))
     if key is None:
         raise refuse(f"wrong key: the signature on {att} does not verify with "
                      f"{', '.join(map(str, pubs))} (signed by another key, or changed after signing: {reason})")
     statement = bounded.parse(text, "--attestation", str(att))
-    digest = check_statement(statement, file_sha256(img), stack, str(att))
+    digest = check_statement(statement, stable_file_sha256(img), stack, str(att))
     return Passed("cosign bundle", f"sha256:{digest}", str(key), statement["predicate"]["stack"]["id"], statement)
 
 
 def check_signed_sif(image: str, keys: list[str], stack: str | None = None) -> Passed:
+    """The SIF is opened once; every apptainer command reads that open file
+    (/proc/self/fd/N: the same inode, whatever the path names later) and its fingerprint is the
+    same before the first and after the last, so the object parsed is the one apptainer verified."""
     pubs = trusted_keys(keys)
     sif = Path(image)
     if not sif.is_file():
         raise EnvbuilderError("--image", f"{image} is not a file", "give the signed .sif")
-    text = sifsign.read_attestation(sif)
-    if text is None:
-        raise refuse(f"no attestation: {image} holds no {sifsign.OBJECT_NAME} object",
-                     "envbuilder attest sign --format apptainer (docs/attestation.md)")
-    key, reason = _verify_with(pubs, lambda k: sifsign.verify(sif, k))
+    with sifsign.opened(sif) as (fd_path, before):
+        text = sifsign.read_attestation(fd_path, shown=sif)
+        if text is None:
+            raise refuse(f"no attestation: {image} holds no {sifsign.OBJECT_NAME} object",
+                         "envbuilder attest sign --format apptainer (docs/attestation.md)")
+        key, reason = _verify_with(pubs, lambda k: sifsign.verify(fd_path, k))
+        if fingerprint(fd_path) != before:
+            raise refuse(f"digest differs: {image} changed while it was checked",
+                         "check the SIF again once nothing writes it")
     if key is None and "signature not found" in reason:
         raise refuse(f"no attestation: {image} holds an attestation object but no signature of it ({reason.split('integrity: ')[-1]})",
                      "envbuilder attest sign --format apptainer on a fresh copy of the SIF")
     if key is None and "integrity compromised" in reason:
         raise refuse(f"digest differs: {image} changed after it was signed ({reason.split('integrity: ')[-1]})",
                      "run the SIF as it was signed, or verify, attest and sign this one")
+    if key is None and ("object not signed" in reason or "not associated with object group" in reason
+                        or "not signed" in reason.lower()):
+        raise refuse(f"no attestation: apptainer verify of {image}: {reason.split('integrity: ')[-1]} (the "
+                     "attestation object is not covered by a signature)",
+                     "envbuilder attest sign --format apptainer on a fresh copy of the SIF")
     if key is None:
         raise refuse(f"wrong key: apptainer verify of {image} fails with {', '.join(map(str, pubs))} "
                      f"(signed by another key, or the SIF changed after signing: {reason})")
@@ -182,9 +205,7 @@ def check_registry(ref: str, keys: list[str], stack: str | None = None, pulled: 
             key = k
             break
     if key is None or not texts:
-        if "no matching attestations" in reason or "no signatures found" in reason:
-            raise refuse(f"no attestation: the registry holds no attestation of {ref} ({reason})")
-        raise refuse(f"wrong key: no attestation of {ref} verifies with {', '.join(map(str, pubs))} ({reason})")
+        raise refuse(registry_reason(ref, pubs, reason))
     last: EnvbuilderError | None = None
     for text in texts:
         statement = bounded.parse(text, "--attestation", ref)
@@ -193,15 +214,42 @@ def check_registry(ref: str, keys: list[str], stack: str | None = None, pulled: 
         except EnvbuilderError as exc:
             last = exc
             continue
-        verified = (statement["predicate"].get("verified") or {}).get("digest", {}).get("sha256")
+        verified = statement["predicate"].get("verified")
+        if not isinstance(verified, dict):
+            last = refuse(f"digest differs: the attestation of {ref} names no image verify ran (no predicate.verified)",
+                          "attest it with envbuilder attest sign --image REPO@sha256:D")
+            continue
+        ran = verified["digest"]["sha256"]
+        # the registry's digest must be the image verify ran: its manifest's config digest (the
+        # image ID) is the one the predicate records, else a passing statement was signed onto
+        # another image (a bare base, say)
+        config = registry_config_digest(ref)
+        if config != ran:
+            raise refuse(f"digest differs: {ref} is image sha256:{config}, verify ran sha256:{ran} "
+                         "(the attestation was signed onto another image)",
+                         "run the image verify ran, or verify and attest this one")
         if pulled is not None and Path(pulled).is_file():
             pulled_sif_matches(pulled, ref)
         elif pulled is not None:
             local = image_id(pulled)
-            if verified and local != verified:
-                raise refuse(f"digest differs: the pulled image {pulled} is sha256:{local}, verify ran sha256:{verified}",
+            if local != ran:
+                raise refuse(f"digest differs: the pulled image {pulled} is sha256:{local}, verify ran sha256:{ran}",
                              "pull the image by the attested digest")
         return Passed("cosign registry attestation", f"sha256:{digest}", str(key),
                       statement["predicate"]["stack"]["id"], statement)
     assert last is not None
     raise last
+
+
+def registry_reason(ref: str, pubs: list[Path], reason: str) -> str:
+    """cosign's reason, as what failed: a signature that no key verifies is `wrong key` (cosign
+    then also says `no matching attestations`, so the key's failure is looked for first); no
+    attestation at all is `no attestation`."""
+    low = reason.lower()
+    keys = ", ".join(map(str, pubs))
+    if any(w in low for w in ("invalid signature", "signature mismatch", "verification error", "failed to verify",
+                              "no matching signatures", "crypto/", "verifying signature")):
+        return f"wrong key: no attestation of {ref} verifies with {keys} ({reason})"
+    if "no matching attestations" in low or "no signatures found" in low or "not found" in low:
+        return f"no attestation: the registry holds no attestation of {ref} ({reason})"
+    return f"wrong key: no attestation of {ref} verifies with {keys} ({reason})"

@@ -35,7 +35,7 @@ def cosign() -> str:
 
 def _run(argv: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run([cosign(), *argv], capture_output=True, text=True, timeout=timeout,
+        return subprocess.run([cosign(), *argv], capture_output=True, text=True, errors="replace", timeout=timeout,
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise EnvbuilderError("cosign", f"cosign {argv[0]} took more than {timeout} s", "") from None

@@ -7,9 +7,12 @@ and the attestation together; a byte changed in either fails it."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import EXIT_CHECK_FAILED, EnvbuilderError
@@ -29,10 +32,32 @@ def apptainer() -> str:
     return exe
 
 
+_OPEN_FDS: list[int] = []       # descriptors of opened(): handed to every apptainer run
+
+
+@contextlib.contextmanager
+def opened(sif: Path) -> Iterator[tuple[Path, tuple[int, ...]]]:
+    """SIF opened once: (/proc/self/fd/N, its fingerprint). Every apptainer command given that
+    path reads the same open file (the same inode), whatever SIF's path names meanwhile."""
+    from .subject import fingerprint
+
+    try:
+        fd = os.open(sif, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise EnvbuilderError("--image", f"cannot read {sif}: {exc.strerror or exc}", "give the signed .sif") from None
+    _OPEN_FDS.append(fd)
+    try:
+        path = Path(f"/proc/self/fd/{fd}")
+        yield path, fingerprint(path)
+    finally:
+        _OPEN_FDS.remove(fd)
+        os.close(fd)
+
+
 def _run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run([apptainer(), *args], capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        return subprocess.run([apptainer(), *args], capture_output=True, text=True, errors="replace", timeout=timeout,
+                              stdin=subprocess.DEVNULL, pass_fds=tuple(_OPEN_FDS))
     except subprocess.TimeoutExpired:
         raise EnvbuilderError(f"apptainer {args[0]}", f"took more than {timeout} s", "") from None
 
@@ -90,17 +115,27 @@ def verify(sif: Path, pub: Path) -> str | None:
     return None if proc.returncode == 0 else _reason(proc)
 
 
-def read_attestation(sif: Path) -> str | None:
-    """The attestation object's text (None: the SIF holds none); bounded before it is read."""
+def read_attestation(sif: Path, shown: Path | None = None) -> str | None:
+    """The attestation object's text (None: the SIF holds none); bounded before it is read.
+    SHOWN: the name to print (SIF may be an open descriptor's /proc path)."""
     found = attestation_objects(sif)
     if not found:
         return None
     if len(found) > 1:
-        raise EnvbuilderError("--image", f"{sif} holds {len(found)} envbuilder attestations, one is expected",
+        raise EnvbuilderError("--image", f"{shown or sif} holds {len(found)} envbuilder attestations, one is expected",
                               "sign a fresh copy of the SIF")
     oid, size = found[0]
+    # the statement must lie in the group of the root file system (the one signature covers
+    # both); in a group of its own, a signed attestation of one image could sit beside another's
+    # file system
+    group = next((g for i, g, _, _ in objects(sif) if i == oid), None)
+    fs_groups = {g for _, g, _, kind in objects(sif) if kind.startswith("FS")}
+    if group not in fs_groups:
+        raise EnvbuilderError("attestation", f"no attestation: the attestation in {shown or sif} is in object group "
+                              f"{group}, not in the root file system's ({', '.join(sorted(fs_groups)) or 'none'})",
+                              "envbuilder attest sign --format apptainer on a fresh copy of the SIF (group 1)")
     if size > MAX_BYTES:
-        raise EnvbuilderError("--image", f"the attestation in {sif} is {size} bytes, more than {MAX_BYTES} "
+        raise EnvbuilderError("--image", f"the attestation in {shown or sif} is {size} bytes, more than {MAX_BYTES} "
                               f"({MAX_BYTES // (1 << 20)} MiB)", "sign a fresh copy with the attestation verify wrote")
     proc = _run("sif", "dump", oid, str(sif))
     if proc.returncode != 0:

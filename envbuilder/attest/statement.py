@@ -43,6 +43,13 @@ def stack_id(manifest: dict) -> str:
     return f"spec:{image_spec_sha256(spec) if isinstance(spec, dict) else manifest.get('spec_sha256')}"
 
 
+def spec_stack_id(manifest: dict) -> str | None:
+    """The `spec:` id of the image part of the manifest's spec, whatever the lock: what a job
+    folder rendered without the lock (build --no-build --out elsewhere) knows of its stack."""
+    spec = manifest.get("spec")
+    return f"spec:{image_spec_sha256(spec)}" if isinstance(spec, dict) else None
+
+
 def gate_text(digest: str, stack: str) -> str:
     """The predicate's `gate` value: result, subject digest and stack on one line."""
     return f"result={PASSED} subject=sha256:{digest} stack={stack}"
@@ -88,8 +95,13 @@ def verify_statement(report: dict, manifest: dict, subject: dict, *, site: str |
     run = report.get("verify") or {}
     lock = manifest.get("lock") if isinstance(manifest.get("lock"), dict) else {}
     stack = stack_id(manifest)
+    spec_id = spec_stack_id(manifest)
     predicate = {
         "gate": gate_text(subject["digest"]["sha256"], stack),
+        # an image built from a lock also passes the gate of a job folder rendered without that
+        # lock (it knows only the spec's image part): the same line of the spec's id
+        **({"gate_spec": gate_text(subject["digest"]["sha256"], spec_id)}
+           if spec_id and spec_id != stack else {}),
         "result": PASSED,
         "summary": report.get("summary"),
         "gpu_checks": report.get("gpu_checks"),
@@ -98,6 +110,7 @@ def verify_statement(report: dict, manifest: dict, subject: dict, *, site: str |
                    for c in report["checks"]],
         "stack": {
             "id": stack,
+            **({"spec_id": spec_id} if spec_id and spec_id != stack else {}),
             "name": manifest.get("name"),
             "spec_sha256": manifest.get("spec_sha256"),
             "lock_sha256": lock.get("sha256"),

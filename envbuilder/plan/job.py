@@ -42,6 +42,8 @@ class JobRuntime:
     cleanup: tuple[str, ...]         # shell lines of cleanup(), before the node-local folders go
     env_prefix: str = ""             # variables with this prefix win over the image's (Apptainer)
     stages_image: bool = False       # ENVBUILDER_STAGE_IMAGE=1 copies the image file to every node
+    launches_on_host: bool = True    # launch[] runs on the host before the runtime opens the image
+    image_fallback_suffix: str = ""  # the default image's other name when it is not there (<name>.sif)
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ def plan_job(stack: Stack) -> JobPlan:
         runtime=JobRuntime(rt.name, rt.container, rt.srun_extra, tuple(rt.job_check_image()),
                            tuple(rt.job_bind_args()), tuple(rt.job_launch(spec.cuda is not None)),
                            tuple(rt.job_cleanup()), rt.env_prefix,
-                           rt.stages_image),
+                           rt.stages_image, rt.launches_on_host, rt.image_fallback_suffix),
         resources=Resources(cl.partition, cl.account, cl.nodes, 1 if torchrun else ranks, cl.gpus_per_node,
                             cl.cpus_per_task * (ranks if torchrun else 1) if cl.cpus_per_task else None,
                             cl.mem_per_cpu, cl.time),

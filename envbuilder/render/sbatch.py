@@ -88,6 +88,11 @@ def _paths(plan: JobPlan) -> list[str]:
     ]
     if plan.image:
         out.append(f'IMAGE="${{ENVBUILDER_IMAGE:-{_image_default(plan.image)}}}"')
+        suffix = plan.runtime.image_fallback_suffix
+        if suffix and not plan.image.from_spec:
+            out += [f"# no {plan.image.path} here: the folder's {plan.image.path}{suffix} (envbuilder build --sif)",
+                    f'if [ -z "${{ENVBUILDER_IMAGE:-}}" ] && [ ! -e "$IMAGE" ] && [ -f "$IMAGE{suffix}" ]; then '
+                    f'IMAGE="$IMAGE{suffix}"; fi']
         out += attestation.batch_lines(plan)     # the file as given, before a runtime mounts it
         out += plan.runtime.check_image
         out.append("export IMAGE   # node_setup checks it on every node")
@@ -404,9 +409,9 @@ def _rank_setup(plan: JobPlan) -> list[str]:
         *(['    local image=${IMAGE_SRC:-$IMAGE}   # staged: the copy is made below',
            '    [ -e "$image" ] || die "image \'$image\' does not exist on node $(hostname)"']
           if plan.runtime.stages_image else []),
-        *attestation.node_lines(plan),
         *(["    gpu_preflight"] if plan.gpu else []),
         *staging.node_setup_lines(plan),
+        *attestation.node_lines(plan),    # after staging: the file the ranks will open
         "}",
         "export -f note die rank_main node_setup" + (" gpu_preflight version_lt" if plan.gpu else "")
         + tfconfig.export_names(plan),
@@ -444,7 +449,7 @@ def _launch(plan: JobPlan) -> list[str]:
     rt = plan.runtime
     gpu_bind = " --gpu-bind=none" if plan.resources.gpus_per_node else ""
     opts = vetting.rank_opts() if plan.vet_min_nodes else ""
-    out = ["", *staging.image_lines(plan), *rt.launch, ""]
+    out = ["", *staging.image_lines(plan), *rt.launch, *attestation.launch_lines(plan), ""]
     out += nodelocal.launch_lines(plan)
     out += vetting.lines(plan)
     out += _monitoring(plan)

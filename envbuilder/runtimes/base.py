@@ -52,6 +52,12 @@ class Runtime:
                               # bind path holding it would be read as two binds: refused, BIND_SPLIT)
     bind_list_source = ""     # the catalog source (compat/catalog.yaml sources) that says so
     stages_image = False      # job.sbatch: the image is one file the job may copy to each node
+    # job.sbatch: launch[] runs on the node's host before the runtime opens the image (the
+    # attestation gate's per-rank check goes there); False: srun itself opens it (pyxis)
+    launches_on_host = True
+    # job.sbatch: the default image (no ENVBUILDER_IMAGE, no cluster.image_path) when the default
+    # name is not there: the same name with this suffix (charliecloud: <name>.sif of build --sif)
+    image_fallback_suffix = ""
                               # (ENVBUILDER_STAGE_IMAGE=1) and start its ranks from
     env_prefix = ""           # job.sbatch: the prefix whose variables win over the image's own (a
                               # runtime that keeps an image's value over the host's, as Apptainer)

@@ -203,17 +203,7 @@ class Charliecloud(Runtime):
     in_job = True
     in_verify = True
     hint = "convert it with: ch-convert -i docker envbuilder/NAME:TAG DIR"
-
-    def job_check_image(self) -> list[str]:
-        # `build --sif` writes NAME.sif beside the script, not the directory NAME: with no image
-        # named at submit time, the job takes that .sif (its SquashFS partition, mounted below)
-        return [
-            'if [ ! -e "$IMAGE" ] && [ -z "${ENVBUILDER_IMAGE:-}" ] && [ -f "$IMAGE.sif" ]; then',
-            '    note "no directory image $IMAGE: running $IMAGE.sif"',
-            '    IMAGE=$IMAGE.sif',
-            "fi",
-            *super().job_check_image(),
-        ]
+    image_fallback_suffix = ".sif"   # the folder's <name>.sif (build --sif) when there is no <name>/ directory
 
     def default_image(self, manifest, folder, cwd):
         from .docker import built_tag

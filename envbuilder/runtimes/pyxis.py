@@ -9,6 +9,7 @@ class Pyxis(Runtime):
     name = "pyxis"
     in_job = True
     image_suffix = ".sqsh"
+    launches_on_host = False      # srun --container-image opens the image; launch[] is empty
     bind_list_separator = ","     # --container-mounts=SRC:DST[:FLAGS][,SRC:DST...]
     bind_list_source = "pyxis_mounts"
     hint = "import it with: enroot import docker://REF, or give a registry reference"

@@ -115,6 +115,12 @@ def options(args) -> VerifyOptions:
 def run_local(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
     """The suite on this machine: in a docker/apptainer/charliecloud image or the host Python."""
     target = resolve_target(args.folder, args.image, args.runtime, manifest=args.manifest)
+    if getattr(args, "attest", None):
+        # the subject of --attest is taken BEFORE the run (attest/commands.py snapshot_subject):
+        # the statement names the bytes that ran, and an image changed meanwhile gets none
+        from ..attest.commands import snapshot_subject
+
+        args.attest_before = snapshot_subject(target.image)
     if isinstance(for_target(args.runtime, target.image), SifCharliecloud):
         # a .sif without Apptainer: charliecloud runs its SquashFS partition (runtimes/sif.py)
         target.runtime = "charliecloud"
@@ -122,6 +128,20 @@ def run_local(args, opts: VerifyOptions) -> tuple[Target, Outcome, str]:
     where = f"{target.name} ({args.runtime}" + (f" {target.image}" if target.image and
                                                    runtime(args.runtime).container else "") + ")"
     return target, run_suite(target, opts), where
+
+
+def _snapshot_before_slurm(args) -> None:
+    """verify --slurm --attest: a file image's subject taken before the job runs (as run_local
+    does), so the statement names the bytes the job ran, and a file changed meanwhile gets none."""
+    from ..attest.commands import snapshot_subject
+    from ..attest.subject import is_file_image
+
+    try:
+        t = resolve_target(args.folder, args.image, args.runtime, manifest=args.manifest)
+    except EnvbuilderError:
+        return              # the run itself names the problem
+    if t.image and is_file_image(t.image):
+        args.attest_before = snapshot_subject(str(Path(t.image).resolve()))
 
 
 SuiteRunner = Callable[[argparse.Namespace, VerifyOptions], "tuple[Target, Outcome, str]"]
@@ -133,6 +153,8 @@ def run(args, suite_runner: SuiteRunner | None = None) -> int:
     table, JSON, JUnit and exit codes."""
     opts = options(args)
     if suite_runner is None and getattr(args, "slurm", False):
+        if getattr(args, "attest", None):
+            _snapshot_before_slurm(args)
         # through the folder's job.sbatch: envbuilder/verify/slurm.py
         req = SlurmRequest(folder=args.folder, manifest=args.manifest, image=args.image, runtime=args.runtime,
                            nodes=args.nodes, partition=args.partition, account=args.account,
@@ -172,7 +194,8 @@ def report_outcome(args, opts: VerifyOptions, target: Target, outcome: Outcome, 
         from ..attest.commands import attest_after_verify
 
         attested = attest_after_verify(report, target.image, target.manifest_path, args.attest,
-                                       nodes=getattr(args, "nodes", None) or 1, manifest=target.manifest)
+                                       nodes=getattr(args, "nodes", None) or 1, manifest=target.manifest,
+                                       before=getattr(args, "attest_before", None))
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
     else:

@@ -1,7 +1,7 @@
 """Credentials: the one detector, by name and by value, and the one redactor of every message.
 
 A value is a credential when it holds a login in a URL (``scheme://user:password@host``: the whole
-userinfo, up to the last @ before the host), a token-like query parameter (``?token=``,
+userinfo, up to the last @ before the host), a conda channel token (``/t/TOKEN/`` in a URL), a token-like query parameter (``?token=``,
 ``&sig=``, ``X-Amz-Signature=``...) or a string shaped like a well-known token (``ghp_...``,
 ``AKIA...``, a JWT...). A name is a credential's when it reads like one (``*TOKEN*``, ``*_PWD``,
 ``*_KEY``...). Spec, site and sweep values found so are refused (spec/schema.py, slurm/sweeps.py),
@@ -15,8 +15,15 @@ from __future__ import annotations
 import re
 
 # scheme://USERINFO@host: RFC 3986 3.2 -- the authority ends at the first / ? # (a blank ends the
-# URL in text); the userinfo is everything up to its LAST @ (a password may hold a raw @)
-_URL_CRED_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,15}://)[^/?#\s\"'<>]*@")
+# URL in text); the userinfo is everything up to its LAST @ (a password may hold a raw @) that a
+# host follows (a letter, a digit or an IPv6 literal's [): the text of a message such as
+# `NAME @ git+https://...@<commit>` holds no login (issue 48 item 2)
+_URL_CRED_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,15}://)[^/?#\s\"'<>]*@(?=[a-z0-9\[])")
+# a URL in text (linear: one greedy run, nothing after it to backtrack for)
+_URL_RE = re.compile(r"(?i)\b[a-z][a-z0-9+.-]{0,15}://[^\s\"'<>]*")
+# conda's channel token, a path segment /t/TOKEN anywhere in the URL (anaconda.org's
+# https://conda.anaconda.org/t/TOKEN/CHANNEL; conda's own split_anaconda_token reads it so)
+_CONDA_TOKEN_RE = re.compile(r"/t/([^/?#\s\"'<>]+)")
 
 # query (or fragment) parameters whose value is a credential. Sources: OAuth 2.0 bearer tokens in
 # a query (RFC 6750 2.3: access_token), AWS SigV4 presigned URLs (X-Amz-Signature, -Credential,
@@ -73,6 +80,8 @@ def credential_in(text: str) -> str | None:
     text = str(text)
     if _URL_CRED_RE.search(text):
         return "a login in a URL (user:password@)"
+    if any(_CONDA_TOKEN_RE.search(m.group(0)) for m in _URL_RE.finditer(text)):
+        return "a conda channel token in a URL (/t/TOKEN/)"
     m = _QUERY_RE.search(text)
     if m:
         return f"a credential in a URL's query ({m.group(1)[1:]}...)"
@@ -84,11 +93,23 @@ def credential_in(text: str) -> str | None:
 
 def redact(text: str) -> str:
     """Every credential in TEXT hidden: 'https://u:p@w@host/x?token=t' -> 'https://***@host/x?token=***',
+    'https://conda.anaconda.org/t/TOKEN/ch' -> 'https://conda.anaconda.org/t/***/ch',
     'ghp_abc...' -> 'ghp_***' (messages and files)."""
     text = _URL_CRED_RE.sub(r"\1***@", str(text))
+    text = _URL_RE.sub(lambda m: _CONDA_TOKEN_RE.sub("/t/***", m.group(0)), text)
     text = _QUERY_RE.sub(r"\1***", text)
     for _, pattern in _SHAPE_RES:
         text = pattern.sub(lambda m: m.group(0)[:4] + "***", text)
+    return text
+
+
+def strip_credentials(url: str) -> str:
+    """URL without what ``redact`` hides: its login, a conda /t/TOKEN segment, token-like query
+    parameters (the URL a spec may keep: 'https://conda.anaconda.org/t/TOKEN/ch' ->
+    'https://conda.anaconda.org/ch')."""
+    text = _URL_CRED_RE.sub(r"\1", str(url))
+    text = _URL_RE.sub(lambda m: _CONDA_TOKEN_RE.sub("", m.group(0)), text)
+    text = re.sub(r"(?i)[?&;#](?:" + "|".join(re.escape(n) for n in QUERY_NAMES) + r")=[^&;#\s\"'<>]*", "", text)
     return text
 
 

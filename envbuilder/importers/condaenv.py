@@ -14,7 +14,9 @@ from pathlib import Path
 
 from ..errors import EnvbuilderError
 from ..spec.yamlsource import parse_yaml_text
-from .model import MAX_BYTES, Dep, Found, canonical, read_text, refuse
+from ..redact import credential_in, redact, strip_credentials
+from ..spec.model import conda_channel_problem
+from .model import CONDA_TOKEN_FIX, MAX_BYTES, Dep, Found, canonical, read_text, refuse
 from .requirements import parse_requirement, read_lines
 
 MAX_RECORDS = 5_000        # conda-meta records / dist-info folders read from one environment
@@ -94,7 +96,20 @@ def read_environment_yml(path: Path, shown: str) -> Found:
         raise refuse(shown, doc.line_of("channels"), "`channels:` must be a list of channel names or URLs",
                      "write one channel per item: - conda-forge")
     # Anaconda's `defaults` has no single URL (and terms of its own): left to the site's mirror
-    kept = [c for c in chans if c not in ("defaults", "nodefaults")]
+    kept = []
+    for n, chan in enumerate(chans):
+        if chan in ("defaults", "nodefaults"):
+            continue
+        line = doc.line_of(f"channels[{n}]") or doc.line_of("channels")
+        if credential_in(chan):
+            bare = strip_credentials(chan)
+            found.notes.append(f"{shown}:{line}: channel {redact(chan)[:200]} holds {credential_in(chan)}: "
+                               f"not kept, the channel kept as {bare[:200]} ({CONDA_TOKEN_FIX})")
+            chan = bare
+        problem = conda_channel_problem(chan)
+        if problem:
+            raise refuse(shown, line, f"channel {redact(chan)[:120]!r} {problem[0]}", problem[1])
+        kept.append(chan)
     found.conda_channels = kept
     if kept:
         found.notes.append(f"{shown}:{doc.line_of('channels')}: channels {', '.join(kept)[:200]} kept as "

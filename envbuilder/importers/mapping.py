@@ -14,7 +14,8 @@ import json
 import re
 
 from ..compat.catalog import Catalog
-from .model import Dep, Found, refuse
+from ..redact import redact
+from .model import CREDENTIAL_FIX, Dep, Found, refuse
 
 # package names (pip: PEP 503, conda) -> the spec's framework.name
 FRAMEWORK_NAMES = {
@@ -92,9 +93,10 @@ class Mapper:
         self.origin: dict[str, tuple[str, int | None]] = {}
         self.comments: dict[str, str] = {}
         self.notes = list(found.notes)
-        for url, source, line in found.index_urls:
+        for url, source, line, secret in found.index_urls:
             self.notes.append(f"{source}:{line}: index {url[:200]} not kept (the framework's index is "
-                              "framework.index_url; others: ENVBUILDER_PIP_INDEX_URL, docs/lock.md)")
+                              "framework.index_url; others: ENVBUILDER_PIP_INDEX_URL, docs/lock.md)"
+                              + (f"; it held {secret}, hidden here: {CREDENTIAL_FIX}" if secret else ""))
 
     # --- python ---------------------------------------------------------------------------
     def python(self) -> str:
@@ -388,9 +390,9 @@ class Mapper:
         return clean if clean and clean[0].isalnum() else "imported"
 
 
-def _comment(text: str) -> str:
-    """A YAML comment that stays one comment: printable characters only."""
-    return "".join(c if c.isprintable() else "?" for c in text)[:300]
+def _comment(text: str, limit: int = 300) -> str:
+    """A YAML comment that stays one comment: printable characters only, any credential hidden."""
+    return redact("".join(c if c.isprintable() else "?" for c in text))[:limit]
 
 
 def to_yaml(data: dict, mapper: Mapper, source: str) -> str:
@@ -400,7 +402,7 @@ def to_yaml(data: dict, mapper: Mapper, source: str) -> str:
     out = [f"# written by `envbuilder init` from {_comment(source)} (docs/import.md); check it, then "
            "`envbuilder lock` pins every package with its hashes"]
     for note in mapper.notes:
-        out.append(f"# note: {_comment(note)}")
+        out.append(f"# note: {_comment(note, 900)}")
     out.append(f"name: {q(data['name'])}")
 
     def flow(key: str, value: dict) -> None:

@@ -16,8 +16,22 @@ from ..errors import EnvbuilderError
 # pylock.toml) can be a few MB
 MAX_BYTES = 1_000_000
 MAX_LOCK_BYTES = 16_000_000
-MAX_FILES = 32                  # -r includes, conda-meta records are counted separately
+MAX_FILES = 32                  # requirement files read in one run (-r/-c includes, every `- pip:` list's)
+MAX_INCLUDED_BYTES = 4_000_000  # their bytes together
 MAX_DEPS = 5_000
+# a TOML or JSON file is scanned before its parser sees it: tomllib and json recurse once per level
+# (tens of thousands of [ ... a RecursionError) and int() of a 5,000-digit number raises; no real
+# pyproject.toml, lock or conda-meta record nests deeper than ten or holds an integer over 20 digits
+MAX_NESTING = 64
+MAX_DIGITS = 100
+# where a login or token in a URL goes instead of the file (messages and the spec's notes)
+CREDENTIAL_FIX = ("a login or token never goes into a spec: put it in a netrc file (machine HOST login USER "
+                  "password TOKEN) given with --netrc FILE or the config file's `netrc` key (envbuilder config, "
+                  "docs/config.md), and the index's URL without it in `extra_index_url` / "
+                  "ENVBUILDER_EXTRA_INDEX_URL")
+CONDA_TOKEN_FIX = ("a channel's token never goes into a spec: name the channel without it, and give the token "
+                   "to the conda solver (py-rattler) in its credentials file, RATTLER_AUTH_FILE "
+                   "({\"HOST\": {\"CondaToken\": \"TOKEN\"}}), or a netrc file (NETRC or ~/.netrc)")
 
 
 @dataclass(frozen=True)
@@ -48,8 +62,11 @@ class Found:
     name: str | None = None
     python: tuple[str, str, int | None] | None = None     # (version or specifier, source, line)
     notes: list[str] = field(default_factory=list)        # what was read but not kept
-    index_urls: list[tuple[str, str, int | None]] = field(default_factory=list)
+    # (URL with any login hidden, file, line, what credential it held or None)
+    index_urls: list[tuple[str, str, int | None, str | None]] = field(default_factory=list)
     conda_channels: list[str] = field(default_factory=list)   # environment.yml's channels, in order
+    files_read: int = 0                         # requirement files read so far (the budget is per run)
+    bytes_read: int = 0
 
     def add(self, dep: Dep) -> None:
         if len(self.deps) >= MAX_DEPS:
@@ -91,3 +108,54 @@ def read_text(path: Path, shown: str, what: str, limit: int = MAX_BYTES) -> str:
         line = raw[:exc.start].count(b"\n") + 1
         raise refuse(shown, line, f"is not UTF-8 text (byte {exc.start})", f"save the {what} as UTF-8") from None
     return text
+
+
+_SCAN_TOML = re.compile(r'"""|\'\'\'|["\'#\[\]{}]|[0-9_]{%d,}' % (MAX_DIGITS + 1))
+_SCAN_JSON = re.compile(r'["\[\]{}]|[0-9]{%d,}' % (MAX_DIGITS + 1))
+_BASIC = re.compile(r'(?:[^"\\\n]|\\.)*"')
+_BASIC_ML = re.compile(r'(?:[^"\\]|\\[\s\S]|"(?!""))*"""')
+_JSON_STR = re.compile(r'(?:[^"\\]|\\.)*"')
+
+
+def check_structure(text: str, shown: str, what: str, *, json: bool = False) -> None:
+    """Refuse, before tomllib or json reads TEXT, nesting deeper than MAX_NESTING and numbers of more
+    than MAX_DIGITS digits (each would raise inside the parser: RecursionError, ValueError). One
+    linear pass that skips strings and comments; the parser still judges the syntax."""
+    scan = _SCAN_JSON if json else _SCAN_TOML
+    depth, pos, n = 0, 0, len(text)
+    while pos < n:
+        m = scan.search(text, pos)
+        if not m:
+            return
+        tok, pos = m.group(0), m.end()
+        if tok in ("[", "{"):
+            depth += 1
+            if depth > MAX_NESTING:
+                raise refuse(shown, text.count("\n", 0, m.start()) + 1,
+                             f"nests arrays or tables more than {MAX_NESTING} deep: not a {what}",
+                             f"give the {what} itself (a real one nests a few levels)")
+        elif tok in ("]", "}"):
+            depth = max(0, depth - 1)
+        elif tok == "#":
+            end = text.find("\n", pos)
+            pos = n if end < 0 else end
+        elif tok in ('"""', "'''"):
+            if tok == '"""':
+                e = _BASIC_ML.match(text, pos)
+                pos = e.end() if e else n
+            else:
+                end = text.find("'''", pos)
+                pos = n if end < 0 else end + 3
+        elif tok == '"':
+            e = (_JSON_STR if json else _BASIC).match(text, pos)
+            pos = e.end() if e else (n if json else (text.find("\n", pos) % (n + 1)))
+        elif tok == "'":
+            end, nl = text.find("'", pos), text.find("\n", pos)
+            if end >= 0 and (nl < 0 or end < nl):
+                pos = end + 1                       # a literal string ends on its line
+            else:
+                pos = n if nl < 0 else nl
+        else:
+            raise refuse(shown, text.count("\n", 0, m.start()) + 1,
+                         f"holds a number of {len(tok)} digits: not a {what}",
+                         f"give the {what} itself (its numbers have at most {MAX_DIGITS} digits)")

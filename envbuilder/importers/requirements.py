@@ -13,10 +13,9 @@ import re
 from pathlib import Path
 
 from ..spec.model import pip_requirement_problem
-from .model import MAX_FILES, Dep, Found, canonical, read_text, refuse
+from ..redact import credential_in, redact
+from .model import MAX_BYTES, MAX_FILES, MAX_INCLUDED_BYTES, Dep, Found, canonical, read_text, refuse
 
-# pip: a comment starts at a # at the start of a line or after whitespace
-_COMMENT = re.compile(r"(^|\s+)#.*$")
 # options that take a value, as pip's requirement file reads them
 _INCLUDE = ("-r", "--requirement", "-c", "--constraint")
 _EDITABLE = ("-e", "--editable")
@@ -28,23 +27,35 @@ _IGNORED_FLAGS = ("--pre", "--prefer-binary", "--no-index", "--require-hashes")
 _EGG = re.compile(r"[#&]egg=([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
+def _uncomment(text: str) -> str:
+    """TEXT without its comment: pip's starts at a # at the start of a line or after whitespace.
+    One pass over the # signs (a regex of whitespace before a # backtracks: quadratic in a line of
+    spaces)."""
+    pos = text.find("#")
+    while pos >= 0:
+        if pos == 0 or text[pos - 1].isspace():
+            return text[:pos]
+        pos = text.find("#", pos + 1)
+    return text
+
+
 def logical_lines(text: str):
     """(first line number, text) of each logical line: continuations joined, comments removed."""
-    buf, start = "", None
+    parts: list[str] = []
+    start = None
     for n, raw in enumerate(text.splitlines(), 1):
         if start is None:
             start = n
-        line = raw
-        if line.endswith("\\") and not line.endswith("\\\\"):
-            buf += line[:-1] + " "
+        if raw.endswith("\\") and not raw.endswith("\\\\"):
+            parts.append(raw[:-1] + " ")
             continue
-        buf += line
-        content = _COMMENT.sub("", buf).strip()
+        parts.append(raw)
+        content = _uncomment("".join(parts)).strip()
         if content:
             yield start, content
-        buf, start = "", None
-    if buf.strip():
-        content = _COMMENT.sub("", buf).strip()
+        parts, start = [], None
+    if parts:
+        content = _uncomment("".join(parts)).strip()
         if content:
             yield start or 1, content
 
@@ -97,30 +108,48 @@ def parse_requirement(text: str, source: str, line: int | None, *, note: str = "
 
 
 class _Reader:
+    """Reads requirement files into ``found``; the budget of files and bytes is the run's (held by
+    ``found``), whatever the number of `- pip:` lists or includes it comes through."""
+
     def __init__(self, found: Found):
         self.found = found
-        self.files = 0
 
     def read(self, path: Path, shown: str, folder: Path, chain: tuple[Path, ...], *, constraint: bool = False):
-        self.files += 1
-        if self.files > MAX_FILES:
-            raise refuse(shown, None, f"more than {MAX_FILES} requirement files through -r/-c", "include fewer files")
-        text = read_text(path, shown, "requirements file")
+        found = self.found
+        found.files_read += 1
+        if found.files_read > MAX_FILES:
+            raise refuse(shown, None, f"is one more requirement file: more than {MAX_FILES} read through -r/-c",
+                         "include fewer files (merge them into one)")
+        text = read_text(path, shown, "requirements file", limit=MAX_BYTES)
+        found.bytes_read += len(text)
+        if found.bytes_read > MAX_INCLUDED_BYTES:
+            raise refuse(shown, None, f"brings the requirement files read through -r/-c over {MAX_INCLUDED_BYTES} "
+                         "bytes together", "include fewer or smaller files")
         for line, content in logical_lines(text):
             self.line(content, shown, line, folder, chain + (path.resolve(),), constraint)
 
     def include(self, target: str, shown: str, line: int, folder: Path, chain, constraint: bool):
+        if not target or len(target) > 255 or any(not c.isprintable() for c in target):
+            raise refuse(shown, line, f"includes {target[:80]!r}, which is no file name (empty, over 255 "
+                         "characters or with control characters)", "include a file beside this one by its name")
         rel = Path(target)
         candidate = (folder / rel)
-        resolved = candidate.resolve()
-        if "://" in target or rel.is_absolute() or resolved.parent != folder.resolve():
-            raise refuse(shown, line, f"includes {target!r}, which is not a file in the same folder",
+        try:
+            resolved = candidate.resolve()
+            outside = "://" in target or rel.is_absolute() or resolved.parent != folder.resolve()
+            is_file = not outside and resolved.is_file()
+        except (OSError, RuntimeError, ValueError) as exc:       # a link loop, a name too long
+            why = getattr(exc, "strerror", None) or str(exc)
+            raise refuse(shown, line, f"includes {target[:80]!r}, which cannot be opened ({why[:80]}: a link "
+                         "loop?)", "copy the included file beside this one, or remove the -r line") from None
+        if outside:
+            raise refuse(shown, line, f"includes {target[:80]!r}, which is not a file in the same folder",
                          "copy the included file beside this one and include it by its name")
-        if not resolved.is_file():
-            raise refuse(shown, line, f"includes {target!r}, which is not a file there",
+        if not is_file:
+            raise refuse(shown, line, f"includes {target[:80]!r}, which is not a file there",
                          "copy the included file beside this one, or remove the -r line")
         if resolved in chain:
-            raise refuse(shown, line, f"includes {target!r}, which includes this file again (a loop)",
+            raise refuse(shown, line, f"includes {target[:80]!r}, which includes this file again (a loop)",
                          "remove one of the two -r lines")
         self.read(resolved, f"{Path(shown).parent / rel.name}" if Path(shown).parent != Path(".") else rel.name,
                   folder, chain, constraint=constraint)
@@ -138,7 +167,8 @@ class _Reader:
                          "build the project as a wheel (python -m build), pass its folder with --wheelhouse DIR "
                          "and write name==version; or install it at run time from a bind mount")
         elif head in _INDEX:
-            self.found.index_urls.append((rest, shown, line))
+            url = rest.split()[0] if rest else ""
+            self.found.index_urls.append((redact(url)[:200], shown, line, credential_in(url)))
         elif head in _IGNORED_WITH_VALUE or head in _IGNORED_FLAGS:
             self.found.notes.append(f"{shown}:{line}: {head} not kept (the lock decides where wheels come from)")
         elif content.startswith("-"):

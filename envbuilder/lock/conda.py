@@ -33,7 +33,8 @@ import yaml
 from .. import safewrite
 from ..errors import CheckFailed, EnvbuilderError
 from ..paths import CONDA_PREFIX
-from ..spec.model import CONDA_CHANNEL_RE, CONDA_RANGE_RE, CONDA_RE
+from ..redact import redact
+from ..spec.model import CONDA_CHANNEL_FIX, CONDA_RANGE_RE, CONDA_RE, conda_channel_problem
 from .pip import file_sha256
 
 PLATFORM = "linux-64"
@@ -62,10 +63,12 @@ def channels(spec_channels: list[str] | tuple[str, ...] = ()) -> list[str]:
 
 
 def check_channel(channel: str, where: str) -> str:
-    if not CONDA_CHANNEL_RE.fullmatch(channel) or "@" in channel.split("//", 1)[-1].split("/", 1)[0]:
-        raise EnvbuilderError(where, f"{channel[:200]!r} is not a conda channel",
-                              "give a channel name (conda-forge), an https:// mirror URL or a local "
-                              "file:///path/to/channel (a folder holding noarch/repodata.json)")
+    """CHANNEL as the solver takes it, or one message: a name, https:// or file:///, no login or token
+    (spec/model.conda_channel_problem: the spec's check, the site's variable and config file alike)."""
+    problem = conda_channel_problem(channel)
+    if problem or "@" in channel.split("//", 1)[-1].split("/", 1)[0]:
+        reason, fix = problem or ("is not a conda channel", CONDA_CHANNEL_FIX)
+        raise EnvbuilderError(where, f"{redact(channel[:200])!r} {reason}", fix)
     return channel
 
 

@@ -16,9 +16,31 @@ from .yamlsource import SourceDoc, read_spec_file
 PIP_PIN_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9,._-]+\])?==([A-Za-z0-9.+!_-]+)")
 APT_RE = re.compile(r"([a-z0-9][a-z0-9+.-]+)(=[A-Za-z0-9.+:~_-]+)?")
 CONDA_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(=|==)([A-Za-z0-9.+_*-]+)")
-# a conda channel: a name (conda-forge), an http(s):// mirror or a local file:/// channel folder
-CONDA_CHANNEL_RE = re.compile(r"(?:https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?|file://)(?:/[A-Za-z0-9._~%/+=,:-]*)?"
+# a conda channel: a name (conda-forge), an https:// mirror or a local file:/// channel folder (not
+# http://: the channel's index and packages would come over plain text, open to anyone between)
+CONDA_CHANNEL_RE = re.compile(r"(?:https://[A-Za-z0-9.-]+(?::[0-9]{1,5})?|file://)(?:/[A-Za-z0-9._~%/+=,:-]*)?"
                               r"|[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+CONDA_CHANNEL_FIX = ("write a channel name (conda-forge), an https:// mirror URL or a local file:///path channel "
+                     "(a folder holding noarch/repodata.json)")
+
+
+def conda_channel_problem(channel: str) -> tuple[str, str] | None:
+    """(reason, fix) when CHANNEL is no conda channel a spec or a site may name, else None: a name,
+    https:// or file:///, no login or token in it (they would reach the lock's package URLs)."""
+    from ..redact import credential_in
+
+    what = credential_in(channel)
+    if what:
+        return (f"is not a conda channel envbuilder keeps: it holds {what}",
+                "name the channel without it, and give the token to the conda solver (py-rattler) in its "
+                "credentials file RATTLER_AUTH_FILE or a netrc file (NETRC or ~/.netrc), never in a spec or "
+                "the config (docs/lock.md)")
+    if channel[:7].lower() == "http://":
+        return ("is not a conda channel envbuilder uses: http:// (its index and packages would come over "
+                "plain text)", "give the channel's https:// URL, or a local file:///path channel")
+    if not CONDA_CHANNEL_RE.fullmatch(channel):
+        return "is not a conda channel", CONDA_CHANNEL_FIX
+    return None
 # a conda match spec with a range (the lock solves it): name>=1.2,<2 or name (any version)
 CONDA_RANGE_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)((?:[<>!]=?|==|~=)[A-Za-z0-9.+_*-]+"
                             r"(?:,(?:[<>!]=?|==|~=)[A-Za-z0-9.+_*-]+)*)?")
@@ -310,10 +332,10 @@ def _check_packages(data: dict, doc: SourceDoc) -> list[EnvbuilderError]:
                 "write it as name=version (e.g. numpy=1.26.4) or name>=1.26,<2 (the lock pins it)",
                 line=doc.line_of(f"packages.conda[{n}]"), source=doc.path))
     for n, entry in enumerate(pk.get("conda_channels") or []):
-        if entry is not None and not CONDA_CHANNEL_RE.fullmatch(entry):
+        problem = conda_channel_problem(entry) if isinstance(entry, str) else None
+        if problem:
             errors.append(EnvbuilderError(
-                f"packages.conda_channels[{n}]", f"{shown(entry)} is not a conda channel",
-                "write a channel name (conda-forge), an https:// mirror URL or a local file:///path channel",
+                f"packages.conda_channels[{n}]", f"{shown(entry)} {problem[0]}", problem[1],
                 line=doc.line_of(f"packages.conda_channels[{n}]"), source=doc.path))
     hv = data.get("horovod") or {}
     ops = hv.get("operations") or []

@@ -16,7 +16,7 @@ from ..errors import EnvbuilderError
 from ..spec.yamlsource import parse_yaml_text
 from ..redact import credential_in, redact, strip_credentials
 from ..spec.model import conda_channel_problem
-from .model import CONDA_TOKEN_FIX, MAX_BYTES, Dep, Found, canonical, read_text, refuse
+from .model import CONDA_TOKEN_FIX, MAX_BYTES, Dep, Found, canonical, check_structure, read_text, refuse
 from .requirements import parse_requirement, read_lines
 
 MAX_RECORDS = 5_000        # conda-meta records / dist-info folders read from one environment
@@ -147,9 +147,24 @@ def read_environment_yml(path: Path, shown: str) -> Found:
     return found
 
 
+MAX_RECORD_BYTES = 16 * MAX_BYTES       # one conda-meta record (a large package's file list: a few MB)
+MAX_META_BYTES = 256 * MAX_BYTES        # all of them together (a large CUDA environment: about 100 MB)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root)
+        return True
+    except (ValueError, OSError, RuntimeError):
+        return False
+
+
 def _history_specs(prefix: Path, shown: str) -> set[str]:
     """Names asked for in conda-meta/history (`# update specs: [...]`, `# cmd: ... create`)."""
     path = prefix / "conda-meta" / "history"
+    if path.is_symlink():
+        raise refuse(f"{shown}/conda-meta/history", None, "is a link: conda writes its history as a file in the "
+                     "environment", "give the environment's own folder (not links into another)")
     if not path.is_file():
         return set()
     text = read_text(path, f"{shown}/conda-meta/history", "conda history", limit=16 * MAX_BYTES)
@@ -166,47 +181,79 @@ def _history_specs(prefix: Path, shown: str) -> set[str]:
     return names
 
 
+def _record(path: Path, rel: str, seen: set[tuple[int, int]], budget: list[int]) -> tuple[str, str, bool]:
+    """(name, version, asked) of one conda-meta record; only those three are kept (a record's file
+    list can be MBs: hundreds of them in memory at once is what a hostile folder would ask)."""
+    if path.is_symlink():
+        raise refuse(rel, None, "is a link: a conda record is a file", "give a real conda environment folder")
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise refuse(rel, None, f"cannot be read: {exc.strerror or exc}", "check the folder's permissions") from None
+    if (st.st_dev, st.st_ino) in seen:
+        raise refuse(rel, None, "is the same file as another record (a hard link): conda writes one record per "
+                     "package", "give a real conda environment folder")
+    seen.add((st.st_dev, st.st_ino))
+    budget[0] += st.st_size
+    if budget[0] > MAX_META_BYTES:
+        raise refuse(rel, None, f"brings conda-meta's records over {MAX_META_BYTES} bytes together",
+                     "export the environment: conda env export --from-history > environment.yml")
+    text = read_text(path, rel, "conda-meta record", limit=MAX_RECORD_BYTES)
+    check_structure(text, rel, "conda-meta record", json=True)
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise refuse(rel, exc.lineno, f"is not a conda-meta record (JSON: {exc.msg})",
+                     "give a conda environment's folder (it holds conda-meta/*.json)") from None
+    except (RecursionError, ValueError) as exc:
+        raise refuse(rel, None, f"is not a conda-meta record ({type(exc).__name__})",
+                     "give a conda environment's folder") from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("name"), str) or not isinstance(rec.get("version"), str):
+        raise refuse(rel, 1, "is not a conda-meta record (no name and version)",
+                     "give a conda environment's folder")
+    return rec["name"][:200], rec["version"][:200], bool(rec.get("requested_spec"))
+
+
 def read_conda_prefix(prefix: Path, shown: str) -> Found:
+    root = prefix.resolve()
     meta = prefix / "conda-meta"
+    if meta.is_symlink() or not _inside(meta, root):
+        raise refuse(f"{shown}/conda-meta", None, "is a link (to another environment?): conda writes conda-meta "
+                     "inside the environment", "give the environment's own folder")
     found = Found(source=shown, kind="conda env")
-    found.name = prefix.resolve().name
+    found.name = root.name
     records = []
+    seen: set[tuple[int, int]] = set()
+    budget = [0]
     for count, path in enumerate(sorted(meta.glob("*.json"))):
         if count >= MAX_RECORDS:
             raise refuse(f"{shown}/conda-meta", None, f"holds more than {MAX_RECORDS} records",
                          "export the environment: conda env export --from-history > environment.yml")
         rel = f"{shown}/conda-meta/{path.name}"
-        if path.is_symlink():
-            raise refuse(rel, None, "is a link: a conda record is a file", "give a real conda environment folder")
-        try:
-            rec = json.loads(read_text(path, rel, "conda-meta record", limit=16 * MAX_BYTES))
-        except json.JSONDecodeError as exc:
-            raise refuse(rel, exc.lineno, f"is not a conda-meta record (JSON: {exc.msg})",
-                         "give a conda environment's folder (it holds conda-meta/*.json)") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("name"), str) or not isinstance(rec.get("version"), str):
-            raise refuse(rel, 1, "is not a conda-meta record (no name and version)",
-                         "give a conda environment's folder")
-        records.append((rel, rec))
+        records.append((rel, *_record(path, rel, seen, budget)))
     asked = _history_specs(prefix, shown)
-    for rel, rec in records:
-        name = rec["name"].lower()
-        requested = bool(rec.get("requested_spec")) or name in asked
+    for rel, raw_name, version, requested in records:
+        name = raw_name.lower()
+        requested = requested or name in asked
         if name == "python":
-            found.python = ("==" + ".".join(rec["version"].split(".")[:2]) + ".*", rel, None)
+            found.python = ("==" + ".".join(version.split(".")[:2]) + ".*", rel, None)
             continue
         if not requested or name == "pip":
             continue
-        found.add(conda_dep(f"{name}={rec['version']}", rel, None))
-    _pip_in_prefix(prefix, shown, found)
+        found.add(conda_dep(f"{name}={version}", rel, None))
+    _pip_in_prefix(prefix, root, shown, found)
     if not found.deps:
         raise refuse(shown, None, "has no package the user asked for (no requested_spec in conda-meta, "
                      "no conda-meta/history)", "export it instead: conda env export --from-history > environment.yml")
     return found
 
 
-def _pip_in_prefix(prefix: Path, shown: str, found: Found) -> None:
+def _pip_in_prefix(prefix: Path, root: Path, shown: str, found: Found) -> None:
     count = 0
     for site in sorted(prefix.glob("lib/python3*/site-packages")):
+        if not _inside(site, root):
+            raise refuse(f"{shown}/{site.relative_to(prefix)}", None, "is a link leaving the environment: pip "
+                         "installs into the environment's own site-packages", "give the environment's own folder")
         for info in sorted(site.glob("*.dist-info")):
             count += 1
             if count > MAX_RECORDS:
@@ -214,7 +261,8 @@ def _pip_in_prefix(prefix: Path, shown: str, found: Found) -> None:
             if info.is_symlink() or not (info / "REQUESTED").is_file():
                 continue
             installer = info / "INSTALLER"
-            if not installer.is_file() or read_text(installer, str(installer), "INSTALLER", 1000).strip() != "pip":
+            if installer.is_symlink() or not installer.is_file() \
+                    or read_text(installer, str(installer), "INSTALLER", 1000).strip() != "pip":
                 continue
             m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._]*)-([A-Za-z0-9.+!_]+)\.dist-info", info.name)
             if not m:

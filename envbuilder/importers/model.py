@@ -110,8 +110,8 @@ def read_text(path: Path, shown: str, what: str, limit: int = MAX_BYTES) -> str:
     return text
 
 
-_SCAN_TOML = re.compile(r'"""|\'\'\'|["\'#\[\]{}]|[0-9_]{%d,}' % (MAX_DIGITS + 1))
-_SCAN_JSON = re.compile(r'["\[\]{}]|[0-9]{%d,}' % (MAX_DIGITS + 1))
+_SCAN_TOML = re.compile(r'"""|\'\'\'|["\'#\[\]{}]|[0-9_]{' + str(MAX_DIGITS + 1) + ',}')
+_SCAN_JSON = re.compile(r'["\[\]{}]|[0-9]{' + str(MAX_DIGITS + 1) + ',}')
 _BASIC = re.compile(r'(?:[^"\\\n]|\\.)*"')
 _BASIC_ML = re.compile(r'(?:[^"\\]|\\[\s\S]|"(?!""))*"""')
 _JSON_STR = re.compile(r'(?:[^"\\]|\\.)*"')

@@ -385,7 +385,7 @@ class Mapper:
         return {"flavor": "openmpi", "version": version, "pmi": "pmix"}
 
     def name(self, given: str | None) -> str:
-        raw = (given or self.found.name or "imported").lower()
+        raw = redact(given or self.found.name or "imported").lower()      # no login reaches the name
         clean = re.sub(r"[^a-z0-9._-]+", "-", raw).strip("-._")[:63]
         return clean if clean and clean[0].isalnum() else "imported"
 

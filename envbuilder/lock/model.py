@@ -25,6 +25,7 @@ from pathlib import Path
 from ..errors import EnvbuilderError
 from ..jsonfile import check_shape, loads_bounded, read_bounded
 from ..quoting import IMAGE_REF_RE
+from ..redact import credential_in, redact
 from ..spec.schema import URL_RE
 from .schema import LOCK_SCHEMA
 
@@ -324,6 +325,9 @@ def check_entries(lock: Lock) -> None:
         if not SHA256_RE.fullmatch(str(h.get("sha256", ""))):
             raise _err(p, where, "has no sha256 (conda-lock records md5 and sha256 for every package)")
         url = str(pkg.get("url", ""))
+        if credential_in(url):         # a channel's token or login: the export and the build would repeat it
+            raise _err(p, where, f"url {redact(url)[:200]} holds {credential_in(url)}: a lock never keeps one "
+                       "(lock again from a channel named without it)")
         if f"-{pkg.get('version')}-" not in url.rsplit("/", 1)[-1]:
             raise _err(p, where, f"version {pkg.get('version')} does not match its url {url}")
         fname = url.rsplit("/", 1)[-1]

@@ -182,9 +182,6 @@ def gen_environment(rng, folder: Path, victim: Path, secret: str) -> tuple[list[
 
 def _pyproject(rng, secret: str) -> str:
     deps = [json.dumps(d) for d in _framework(rng) + _lines(rng, PIP[:12], rng.randint(0, 5))]
-    if not MILD[0] and rng.random() < 0.3:
-        deps.insert(rng.randint(0, len(deps)), json.dumps(f"mylib @ https://u:{secret}@files.example.org/"
-                                                          "mylib-1.0-py3-none-any.whl"))
     pythons = ['requires-python = ">=3.10"\n', ""] + ([] if MILD[0] else ['requires-python = "3.11"\n',
                                                                         'requires-python = "!!"\n'])
     text = ("[project]\nname = " + rng.choice(['"demo"', '"x"'] + ([] if MILD[0] else ["1", '"' + "n" * 300 + '"']))
@@ -192,7 +189,11 @@ def _pyproject(rng, secret: str) -> str:
             + "dependencies = [\n  " + ",\n  ".join(deps) + "\n]\n"
             + rng.choice(["", "[project.optional-dependencies]\ntest = [\"pytest\"]\n"]
                          + ([] if MILD[0] else ['dynamic = ["dependencies"]\n'])))
-    return _mutate_text(rng, text)
+    text = _mutate_text(rng, text)
+    if not MILD[0] and rng.random() < 0.3:      # a login in a requirement's URL, put in after the edits
+        text = text.replace("dependencies = [\n", "dependencies = [\n  " + json.dumps(
+            f"mylib @ https://u:{secret}@files.example.org/mylib-1.0-py3-none-any.whl") + ",\n", 1)
+    return text
 
 
 def gen_pyproject(rng, folder: Path, victim: Path, secret: str) -> tuple[list[str], str]:

@@ -60,7 +60,11 @@ TOKEN_SHAPES = (
     # PEM private keys: RFC 7468 ("-----BEGIN ... PRIVATE KEY-----")
     ("a private key", r"-----BEGIN [A-Z ]{0,20}PRIVATE KEY-----"),
 )
-_SHAPE_RES = tuple((what, re.compile(r"(?<![A-Za-z0-9_])" + pattern)) for what, pattern in TOKEN_SHAPES)
+# a shape starts where no token character stands before it; for a JWT, not after a "-" either (its
+# segments hold "-", so `eyJ-eyJ-...` would start a match at every eyJ, each one running to the end
+# of the text and back: quadratic in a long line)
+_SHAPE_RES = tuple((what, re.compile((r"(?<![A-Za-z0-9_-])" if pattern.startswith("eyJ") else r"(?<![A-Za-z0-9_])")
+                                     + pattern)) for what, pattern in TOKEN_SHAPES)
 
 # variable names that hold credentials: their values would be readable by anyone who has the image
 # or the job script. *_PWD but not PWD/OLDPWD (the shell's folders); *_KEY, *_PAT (GitHub's

@@ -262,3 +262,16 @@ def test_a_large_pyproject_is_refused_fast(tmp_path):
     src.write_text(f"[project]\nname = \"x\"\ndependencies = [\n{deps}  \"torch\"]\n" + "# pad\n" * 100_000)
     assert src.stat().st_size < 1_000_000
     _refused(tmp_path, src, "entries", limit_s=3)
+
+
+def test_quotes_in_a_pyprojects_comment_and_token_like_runs_are_read_in_linear_time(tmp_path):
+    src = tmp_path / "pyproject.toml"
+    src.write_text('[project]\nname = "x"\n# ' + '"\\' * 200_000 + '\ndependencies = ["torch>=2.1", "six"]\n')
+    r, out, took = _init(tmp_path, src)
+    assert r.code == 0 and took < 2, (took, r.err)
+    assert "# " + str(src) + ":4" in out.read_text()             # the line found past the comment
+    from envbuilder.redact import redact
+
+    started = time.process_time()
+    redact("eyJ-" * 100_000)
+    assert time.process_time() - started < 1

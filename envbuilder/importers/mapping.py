@@ -385,13 +385,14 @@ class Mapper:
         return {"flavor": "openmpi", "version": version, "pmi": "pmix"}
 
     def name(self, given: str | None) -> str:
-        raw = redact(given or self.found.name or "imported").lower()      # no login reaches the name
+        raw = redact((given or self.found.name or "imported")[:4096]).lower()     # no login reaches the name
         clean = re.sub(r"[^a-z0-9._-]+", "-", raw).strip("-._")[:63]
         return clean if clean and clean[0].isalnum() else "imported"
 
 
 def _comment(text: str, limit: int = 300) -> str:
     """A YAML comment that stays one comment: printable characters only, any credential hidden."""
+    text = text[:limit + 4096]      # redaction is linear, but 1 MB of it is seconds; no login is 4 KB long
     return redact("".join(c if c.isprintable() else "?" for c in text))[:limit]
 
 

@@ -44,6 +44,10 @@ def _line_of(text: str, needle: str, after: int = 0) -> int | None:
     return None
 
 
+_TOKEN = re.compile(r'"""|\'\'\'|["\'#]')
+_BASIC = re.compile(r'(?:[^"\\\n]|\\.)*"')
+
+
 class _Strings:
     """Where each quoted string of a TOML text lies, read once: the line of a requirement in
     O(1) (a search of the text per requirement is quadratic: 5,000 requirements in 1 MB)."""
@@ -51,8 +55,30 @@ class _Strings:
     def __init__(self, text: str):
         self.at: dict[str, list[int]] = {}
         self.starts = [0] + [m.end() for m in re.finditer("\n", text)]
-        for m in re.finditer(r'"((?:[^"\\\n]|\\.)*)"|\'([^\'\n]*)\'', text):
-            self.at.setdefault(m.group(1) if m.group(1) is not None else m.group(2), []).append(m.start())
+        # one pass, each string or comment skipped whole (a pattern retried at every quote of an
+        # unclosed run, `"\"\"\"...` in a comment, is quadratic)
+        pos, n = 0, len(text)
+        while pos < n:
+            m = _TOKEN.search(text, pos)
+            if not m:
+                break
+            tok, start, pos = m.group(0), m.start(), m.end()
+            if tok == "#":
+                end = text.find("\n", pos)
+                pos = n if end < 0 else end
+            elif tok in ('"""', "'''"):
+                end = text.find(tok, pos)
+                pos = n if end < 0 else end + 3
+            else:
+                end, nl = text.find(tok, pos), text.find("\n", pos)
+                if tok == '"':
+                    e = _BASIC.match(text, pos)
+                    end = e.end() - 1 if e else -1
+                if end >= 0 and (nl < 0 or end < nl):
+                    self.at.setdefault(text[pos:end], []).append(start)
+                    pos = end + 1
+                else:
+                    pos = n if nl < 0 else nl
 
     def line(self, value: str, after: int = 0) -> int | None:
         """The line of the first string VALUE at or after line AFTER (1-based), else its first."""

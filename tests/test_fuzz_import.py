@@ -371,6 +371,11 @@ def run_case(rng: random.Random, kind: str) -> tuple[str | None, dict]:
             target.symlink_to(victim / "secret.txt")
         argv += ["-o", str(target)] if rng.random() < 0.9 else ["-o", "-"]
         argv += ["--json"] if rng.random() < 0.1 else []
+        if argv[0] == "init" and rng.random() < 0.15:      # hostile options and source names
+            argv += rng.choice([["--name", f"https://u:{secret}@h.example/x"], ["--wheelhouse", "w" * 5000],
+                                ["--wheelhouse", str(victim)], ["--base", "x\ny"], ["--extra", "\x1b[2J"]])
+        if argv[0] == "init" and rng.random() < 0.05:
+            argv[1] = rng.choice(["n" * 5000, "d/" * 3000 + "requirements.txt", str(root / "nowhere.txt")])
         before = {"in": _state(folder), "victim": _state(victim), "root": sorted(os.listdir(root))}
         out_before = _state(out)
         stdout, stderr = io.StringIO(), io.StringIO()

@@ -275,3 +275,21 @@ def test_quotes_in_a_pyprojects_comment_and_token_like_runs_are_read_in_linear_t
     started = time.process_time()
     redact("eyJ-" * 100_000)
     assert time.process_time() - started < 1
+
+
+@pytest.mark.parametrize("arg", ["a" * 5000, "d/" * 3000 + "requirements.txt", "b" * 300 + ".txt"])
+def test_an_unreadable_source_name_is_one_message(tmp_path, arg):
+    r = run_envbuilder_in_process("init", arg, "-o", str(tmp_path / "spec.yaml"))
+    assert r.code == 2 and r.err.startswith("error: ") and "Traceback" not in r.err and "fix:" in r.err, r.err
+    assert not (tmp_path / "spec.yaml").exists()
+
+
+def test_a_wheelhouse_that_is_no_folder_and_a_name_with_a_login(tmp_path):
+    src = tmp_path / "requirements.txt"
+    src.write_text("torch>=2.1\n")
+    for bad in ("w" * 5000, str(src)):
+        r = run_envbuilder_in_process("init", str(src), "-o", str(tmp_path / "spec.yaml"), "--wheelhouse", bad)
+        assert r.code == 2 and "--wheelhouse" in r.err, r.err
+        assert "is not a folder" in r.err or "cannot be read" in r.err, r.err
+    r, out, _ = _init(tmp_path, src, "--name", f"https://u:{SECRETS[0]}@h.example/x")
+    assert r.code == 0 and SECRETS[0].lower() not in out.read_text().lower(), out.read_text()

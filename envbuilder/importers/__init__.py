@@ -18,6 +18,16 @@ from .model import Found, refuse
 def detect(path: Path, shown: str) -> str:
     """requirements | environment.yml | pyproject.toml | conda env, from the name (a folder: what
     it holds)."""
+    try:
+        return _detect(path, shown)
+    except (OSError, RuntimeError, ValueError) as exc:     # a name too long, a link loop
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise refuse(shown[:200], None, f"cannot be read ({why[:80]})",
+                     "give the path of a requirements.txt, environment.yml, pyproject.toml or a conda "
+                     "environment's folder") from None
+
+
+def _detect(path: Path, shown: str) -> str:
     if path.is_dir():
         if (path / "conda-meta").is_dir():
             return "conda env"

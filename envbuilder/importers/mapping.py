@@ -74,7 +74,15 @@ def wheelhouse_versions(folder: str | None) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     if not folder:
         return out
-    for n, path in enumerate(sorted(Path(folder).glob("*.whl"))):
+    try:
+        if not Path(folder).is_dir():
+            raise refuse("--wheelhouse", None, f"{folder[:200]!r} is not a folder",
+                         "give the folder that holds the wheels (*.whl)")
+        wheels = sorted(Path(folder).glob("*.whl"))
+    except (OSError, RuntimeError, ValueError) as exc:     # a name too long, a link loop
+        raise refuse("--wheelhouse", None, f"{folder[:200]!r} cannot be read "
+                     f"({getattr(exc, 'strerror', None) or exc})", "give the folder that holds the wheels (*.whl)") from None
+    for n, path in enumerate(wheels):
         if n > 10_000:
             break
         parts = path.name.split("-")

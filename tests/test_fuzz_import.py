@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from envbuilder.cli import main  # noqa: E402
 
 KINDS = ("requirements", "environment.yml", "pyproject.toml", "uv.lock", "pylock.toml", "conda env", "export")
-BUDGET_S = float(os.environ.get("ENVBUILDER_FUZZ_IMPORT_S", "40"))
+BUDGET_S = float(os.environ.get("ENVBUILDER_FUZZ_IMPORT_S", "30"))
 LIMIT_S = 2.0                   # CPU seconds per case (wall time on a loaded machine measures the machine)
 
 # --- pieces of inputs -----------------------------------------------------------------------------

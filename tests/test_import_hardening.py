@@ -293,3 +293,12 @@ def test_a_wheelhouse_that_is_no_folder_and_a_name_with_a_login(tmp_path):
         assert "is not a folder" in r.err or "cannot be read" in r.err, r.err
     r, out, _ = _init(tmp_path, src, "--name", f"https://u:{SECRETS[0]}@h.example/x")
     assert r.code == 0 and SECRETS[0].lower() not in out.read_text().lower(), out.read_text()
+
+
+def test_a_spec_channel_with_a_token_says_where_the_token_goes(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text('name: c\nframework: {name: pytorch, version: "2.13.0+cpu"}\npython: "3.11"\n'
+                    'packages:\n  conda: [numpy=1.26]\n  conda_channels: ["https://conda.anaconda.org/t/tok-77/x"]\n')
+    r = run_envbuilder_in_process("check", str(spec))
+    assert r.code == 2 and f"{spec}:6: packages.conda_channels[0]" in r.err, r.err
+    assert "tok-77" not in r.err and "RATTLER_AUTH_FILE" in r.err, r.err

@@ -461,8 +461,13 @@ def text_problem(path: str, value: str, doc, source) -> EnvbuilderError | None:
                                "write it on one line (no tabs or control characters)", line=line, source=source)
     what = credential_in(value)
     if what:
+        fix = RUN_TIME_FIX
+        if path.startswith("packages.conda_channels"):      # the solver's credentials, not the job's
+            from .model import conda_channel_problem
+
+            fix = (conda_channel_problem(value) or ("", RUN_TIME_FIX))[1]
         return EnvbuilderError(path, f"{shown(value)} holds {what}, which every generated file and the "
-                               "image would keep in clear text", RUN_TIME_FIX, line=line, source=source)
+                               "image would keep in clear text", fix, line=line, source=source)
     return None
 
 

@@ -4,7 +4,10 @@ comments, continuation lines, ``-r``/``-c`` includes (only files in the same fol
 ``--hash`` options (dropped: the lock records the index's own sha256 and pip checks it), index
 options (kept as notes). Refused with FILE:LINE and the fix: editable installs and local paths
 (the image cannot see them), VCS URLs without a pinned commit, lines that are not requirements
-(a YAML or TOML file given as requirements.txt), include loops and includes outside the folder.
+(a YAML or TOML file given as requirements.txt), include loops and includes outside the folder,
+includes that cannot be opened (a link loop, a name too long). The files and bytes read through
+includes are counted per run (every `- pip:` list of an environment.yml together); every line is
+handled in linear time (no backtracking pattern over a line of the user's).
 """
 
 from __future__ import annotations

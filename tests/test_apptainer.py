@@ -76,7 +76,9 @@ def test_apptainer_builds_the_definition_file_as_its_header_says(built):
     assert "Running setup scriptlet" in log and "doesn't exist in container" not in log
     # %test ran the smoke suite (one rank) inside the new image
     assert "Running testscript" in log and "17 passed, 0 failed" in log
-    assert "Build complete: cpu-torch-ddp.sif" in log
+    # apptainer wrote it in a private folder, moved to the folder's cpu-torch-ddp.sif (safewrite.place)
+    assert re.search(r"Build complete: \S*/\.cpu-torch-ddp\.sif\.\w+/cpu-torch-ddp\.sif", log), log[-1000:]
+    assert not list(out.glob(".cpu-torch-ddp.sif.*")), sorted(p.name for p in out.iterdir())
 
 
 def test_the_sif_passes_verify_with_two_ranks_under_apptainer(built):

@@ -185,6 +185,7 @@ def build(folder: Path, output, opts: BuildOptions) -> dict:
     try:
         with safewrite.open_new(log_path, option="build log", inside=folder) as log:
             log.write(f"$ {_shown(folder, cmd)}\n")
+            log.write(f"# (run with {sif.name} in {private.name}/, then moved to {sif.name}: never through a link)\n")
             log.flush()
             code = subprocess.run(cmd[:-2] + [str(private / sif.name), cmd[-1]], cwd=folder, stdout=log,
                                   stderr=subprocess.STDOUT).returncode

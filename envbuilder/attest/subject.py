@@ -15,25 +15,15 @@ import urllib.request
 from pathlib import Path
 
 from ..errors import EnvbuilderError
-from ..lock.pip import file_sha256 as lock_file_sha256
 
 HEX64 = re.compile(r"[0-9a-f]{64}")
-
-
-def file_sha256(path: str | Path) -> str:
-    try:
-        return lock_file_sha256(Path(path))
-    except OSError as exc:
-        raise EnvbuilderError("--image", f"cannot read {path}: {exc.strerror or exc}",
-                              "give the .sif file the job runs") from None
 
 
 def fingerprint(path: str | Path) -> tuple[int, ...]:
     """What changes when a file's bytes can have changed, without reading them: size, mtime,
     ctime (nanoseconds) and inode, device. ctime cannot be set back by its owner (utime sets it
     to now), so a rewrite in place with the mtime put back still shows."""
-    st = os.stat(path)
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+    return _fp(os.stat(path))
 
 
 def stable_file_sha256(path: str | Path, field: str = "--image") -> str:

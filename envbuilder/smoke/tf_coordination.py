@@ -88,10 +88,6 @@ class _Finder(object):
         loader.exec_module = exec_module
         return spec
 
-    # Python < 3.4's protocol, never used by the interpreters the images hold
-    def find_module(self, name, path=None):
-        return None
-
 
 def install(environ=None):
     """The .pth's call (PTH_LINE): wrap TensorFlow's loading when a timeout is asked for. Never raises:
